@@ -1,0 +1,435 @@
+/**
+ *  @file   uform.h
+ *  @brief  Training multimodal transformer encoders from any language that can call C.
+ *
+ *  uform trains one pre-norm transformer encoder over text (UTF-8 bytes) and, in later builds,
+ *  images, video and audio, with masked, contrastive, late-interaction and choices objectives.
+ *  The model, the losses and the checkpoint format are documented in `docs/model.md`.
+ *
+ *  @section  Handles and their lifetime
+ *
+ *  Four opaque handles, each made by an `_init` (or `_bootstrap`) verb and released by `_free`:
+ *
+ *  - `uform_executor_t`: where work runs. A RAM executor is the CPU reference backend with its
+ *    own thread count; a VRAM executor is a set of GPUs (absent from builds without CUDA: ask
+ *    `uform_capabilities()`).
+ *  - `uform_mesh_t`: the processes of one run and the communicator that joins their devices.
+ *  - `uform_trainer_t`: one training run: the weights, the optimizer's moments and the step.
+ *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows
+ *    it fails with `uform_status_busy_k`.
+ *  - `uform_encoder_t`: reserved for inference.
+ *
+ *  Every handle is checked against the library's table of live handles before use, so a freed
+ *  or foreign handle is answered with `uform_status_invalid_handle_k`, never a crash.
+ *
+ *  @section  Threads
+ *
+ *  Any thread may call any verb. Verbs on one trainer are serialized: a second caller waits
+ *  until the first returns, so steps never interleave. A RAM executor runs each verb on the
+ *  calling thread plus `threads - 1` helpers of its own.
+ *
+ *  @section  Errors
+ *
+ *  Every fallible function returns a `uform_status_t` and takes a last argument
+ *  `char const** error`, which may be NULL. On failure it receives a human-readable message that
+ *  names the offending field and value, e.g. `"config.hidden: 200 is not a multiple of 128"`.
+ *  The text lives in thread-local storage until the next failing call on the same thread.
+ *  A failed call changes no state: the trainer trains the next good batch as if the bad one
+ *  never came. The library never exits, aborts or prints.
+ *
+ *  @section  Zero means "derive"
+ *
+ *  Every numeric config field reads zero as "derive the documented default", so a zeroed struct
+ *  plus the required fields is a valid config. The defaults are listed beside each field.
+ *
+ *  @section  Tapes
+ *
+ *  Variable-length inputs come as tapes: `count` entries concatenated in `data`, entry `i`
+ *  spanning bytes (or elements) `[offsets[i], offsets[i + 1])`. The library reads the caller's
+ *  memory during the call and keeps no pointer to it afterwards.
+ */
+#ifndef UFORM_H_
+#define UFORM_H_
+
+#include <stddef.h> /* `size_t` */
+#include <stdint.h> /* `uint32_t`, `uint64_t` */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UFORM_VERSION_MAJOR 0
+#define UFORM_VERSION_MINOR 1
+#define UFORM_VERSION_PATCH 0
+
+/** @brief Most temperature groups a contrastive term may have. */
+#define UFORM_MAX_TEMPERATURE_GROUPS 64
+/** @brief Most Matryoshka prefixes a contrastive term may average over. */
+#define UFORM_MAX_MATRYOSHKA_DIMENSIONS 16
+
+/* ------------------------------------------------------------------------------------------ */
+/*  Status codes                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum uform_status_t {
+    uform_status_success_k = 0,
+    /** A config or batch field is wrong; the message names it. Nothing changed. */
+    uform_status_invalid_argument_k = 1,
+    /** A handle is NULL, freed or not one of this library's. */
+    uform_status_invalid_handle_k = 2,
+    /** The handle is borrowed by a live trainer and cannot be freed yet. */
+    uform_status_busy_k = 3,
+    /** This build or this machine lacks what the call needs (a GPU, a modality, a term). */
+    uform_status_unsupported_k = 4,
+    /** Memory ran out; nothing changed. */
+    uform_status_out_of_memory_k = 5,
+    /** Reading or writing a file failed; the message names the path and the reason. */
+    uform_status_io_k = 6,
+    /** A checkpoint is malformed or belongs to another geometry; the message names the field. */
+    uform_status_invalid_checkpoint_k = 7,
+} uform_status_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/*  Enumerations                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/** @brief What the bytes of one training item hold. Zero is no modality and is refused. */
+typedef enum uform_modality_t {
+    uform_modality_text_k = 1,  /**< UTF-8 text, tokenized as bytes. */
+    uform_modality_image_k = 2, /**< An encoded image file (JPEG, PNG, WebP). */
+    uform_modality_video_k = 3, /**< An encoded video file. */
+    uform_modality_audio_k = 4, /**< An encoded audio file. */
+} uform_modality_t;
+
+/** @brief Which losses a training step relaxes. Zero is refused: the objective is required. */
+typedef enum uform_objective_t {
+    uform_objective_masked_k = 1,      /**< Masked reconstruction alone. */
+    uform_objective_contrastive_k = 2, /**< The pairwise contrastive loss alone. */
+    uform_objective_joint_k = 3,       /**< Both, joined at the final-norm states. */
+} uform_objective_t;
+
+/** @brief Which pairs the contrastive loss pushes apart. */
+typedef enum uform_negatives_t {
+    uform_negatives_derived_k = 0, /**< Derives `uform_negatives_ambient_k`. */
+    uform_negatives_ambient_k = 1, /**< Repel edges, and every pair no edge names. */
+    uform_negatives_named_k = 2,   /**< Repel edges alone. */
+} uform_negatives_t;
+
+/** @brief How a contrastive term turns a row of scores into forces. */
+typedef enum uform_pair_loss_form_t {
+    uform_pair_loss_derived_k = 0,  /**< Sigmoid for pooled embeddings, ranked for token vectors. */
+    uform_pair_loss_balanced_k = 1, /**< Sigmoid per cell, attract and repel halves normalized apart. */
+    uform_pair_loss_ranked_k = 2,   /**< Sigmoid of every positive's score over every negative's. */
+    uform_pair_loss_sigmoid_k = 3,  /**< SigLIP: sigmoid per cell, every cell weighed alike. */
+} uform_pair_loss_form_t;
+
+/** @brief Which side of a late-interaction score an item takes. */
+typedef enum uform_late_interaction_side_t {
+    uform_late_interaction_none_k = 0,
+    uform_late_interaction_query_k = 1,
+    uform_late_interaction_document_k = 2,
+    uform_late_interaction_query_and_document_k = 3,
+} uform_late_interaction_side_t;
+
+/** @brief The scalar type outputs land in. `i8` stores `round(127 * x)` of unit-norm vectors. */
+typedef enum uform_scalar_t {
+    uform_scalar_f32_k = 0,
+    uform_scalar_f16_k = 1,
+    uform_scalar_bf16_k = 2,
+    uform_scalar_i8_k = 3,
+} uform_scalar_t;
+
+/** @brief Bits of `uform_capabilities()`. */
+typedef enum uform_capability_t {
+    uform_capability_ram_k = 1,  /**< The CPU reference backend. */
+    uform_capability_vram_k = 2, /**< The CUDA backend. */
+    uform_capability_mesh_k = 4, /**< Meshes of more than one process. */
+} uform_capability_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/*  Handles                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef void* uform_executor_t;
+typedef void* uform_mesh_t;
+typedef void* uform_trainer_t;
+typedef void* uform_encoder_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/*  Configuration                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/** @brief How image items are cut into patches. Not read by this build's text-only model. */
+typedef struct uform_image_shape_t {
+    uint32_t patch_side; /**< Pixels on a patch's side; 0 derives 16. */
+    uint32_t channels;   /**< 0 derives 3. */
+} uform_image_shape_t;
+
+/** @brief How video items are cut into tubelets. Not read by this build's text-only model. */
+typedef struct uform_video_shape_t {
+    uint32_t patch_side;   /**< 0 derives 16. */
+    uint32_t tube_frames;  /**< Frames in one tubelet; 0 derives 2. */
+    uint32_t frame_stride; /**< Frames skipped between kept frames; 0 derives 1. */
+    uint32_t channels;     /**< 0 derives 3. */
+} uform_video_shape_t;
+
+/** @brief How audio items are cut into chunks. Not read by this build's text-only model. */
+typedef struct uform_audio_shape_t {
+    uint32_t chunk_samples; /**< Samples in one chunk; 0 derives 400. */
+    uint32_t sample_rate;   /**< Samples per second audio is resampled to; 0 derives 16000. */
+} uform_audio_shape_t;
+
+/**
+ *  @brief What one device's step carries at most. A row is one packed sequence of
+ *  `max_columns_per_row` token positions; segments are the items packed into rows.
+ */
+typedef struct uform_batch_shape_t {
+    uint32_t max_rows_per_device;     /**< 0 derives 64. */
+    uint32_t max_segments_per_device; /**< Items one device takes; 0 derives 8 per row. */
+    uint32_t max_columns_per_row;     /**< Token positions in a row; 0 derives 512. Longer items are cut. */
+    uint32_t max_bags_per_device;     /**< 0 derives `max_segments_per_device`. */
+    uint32_t max_choices_per_item;    /**< Legal bytes one item offers; 0 makes no choices. */
+    uform_image_shape_t image;
+    uform_video_shape_t video;
+    uform_audio_shape_t audio;
+} uform_batch_shape_t;
+
+/** @brief How the masked objective corrupts a batch and weighs its heads. */
+typedef struct uform_masking_t {
+    float token_mask_probability; /**< Share of text positions chosen; 0 derives 0.15. */
+    float token_mean_span;        /**< Mean length of a chosen span, >= 1; 0 derives 3. */
+    float replace_fraction;       /**< Chosen positions shown as the mask id; 0 derives 0.8. */
+    float random_fraction;        /**< Chosen positions shown as a random byte; 0 derives 0.1. */
+    float image_mask_ratio;       /**< 0 derives 0.75. */
+    float video_mask_ratio;       /**< 0 derives 0.9. */
+    float audio_mask_ratio;       /**< 0 derives 0.5. */
+    float text_weight;            /**< 0 derives 1. */
+    float image_weight;           /**< 0 derives 1. */
+    float video_weight;           /**< 0 derives 1. */
+    float audio_weight;           /**< 0 derives 1. */
+} uform_masking_t;
+
+/** @brief How the contrastive loss scores the pooled embeddings. */
+typedef struct uform_contrastive_t {
+    /** Prefix widths the loss averages over, each <= hidden; NULL derives `{hidden}`. */
+    uint32_t const* matryoshka_dimensions;
+    size_t matryoshka_dimensions_count;
+    uint32_t temperature_groups;    /**< Learnable (temperature, bias) pairs; 0 derives 1. */
+    float inverse_temperature;      /**< Initial inverse temperature; 0 derives 10. */
+    float bias;                     /**< Initial bias; 0 derives -10. */
+    uform_negatives_t negatives;    /**< 0 derives ambient. */
+    float ambient_repulsion_weight; /**< Weight of each ambient negative; 0 derives 1. */
+    uint32_t max_edges_per_device;  /**< Attract + repel + ignore edges; 0 derives 64 per segment. */
+    uform_pair_loss_form_t pair_loss; /**< 0 derives sigmoid. */
+} uform_contrastive_t;
+
+/** @brief How the late-interaction loss scores token vectors. A later build trains it. */
+typedef struct uform_late_interaction_t {
+    float weight;   /**< The loss weight; 0 trains no token head. */
+    uint32_t width; /**< Token vectors' width, a multiple of 8; 0 derives 128. */
+    float inverse_temperature;
+    float bias;
+    uint32_t max_query_span;
+    uint32_t max_query_tokens_per_device;
+    uint32_t max_documents_per_device;
+    uint32_t max_document_tokens_per_device;
+    uform_pair_loss_form_t pair_loss; /**< 0 derives ranked. */
+} uform_late_interaction_t;
+
+/** @brief The choices term. A later build trains it. */
+typedef struct uform_choices_t {
+    float weight; /**< Read when positive; needs `batch.max_choices_per_item`. */
+} uform_choices_t;
+
+/**
+ *  @brief The learning-rate schedule: linear warm-up to `learning_rate` over `warmup_steps`,
+ *  then cosine to `min_learning_rate` at `steps`, and the minimum after that.
+ */
+typedef struct uform_schedule_t {
+    float learning_rate;     /**< 0 derives 1e-3. */
+    float min_learning_rate; /**< 0 derives learning_rate / 10. */
+    uint64_t warmup_steps;   /**< 0 derives steps / 20. */
+    uint64_t steps;          /**< Required: the steps the cosine spans. */
+} uform_schedule_t;
+
+/** @brief A training run's geometry, objectives and schedule. */
+typedef struct uform_trainer_init_vram_t {
+    char const* resume; /**< A checkpoint to continue from; NULL starts from `seed`. */
+    uint32_t depth;     /**< Transformer blocks; required. */
+    uint32_t hidden;    /**< Width, a multiple of 128; required. Heads are `hidden / 64`. */
+    uform_batch_shape_t batch;
+    uform_objective_t objective; /**< Required. */
+    uform_masking_t masking;
+    uform_contrastive_t contrastive;
+    uform_late_interaction_t late_interaction;
+    uform_choices_t choices;
+    uform_schedule_t schedule;
+    uint64_t seed; /**< The base of every keyed draw. */
+} uform_trainer_init_vram_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/*  Steps                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/** @brief `count` entries concatenated in `data`; entry `i` spans `[offsets[i], offsets[i+1])`. */
+typedef struct uform_tape_t {
+    void const* data;
+    uint64_t const* offsets; /**< `count + 1` non-decreasing offsets, in bytes or elements. */
+    size_t count;
+} uform_tape_t;
+
+/**
+ *  @brief One edge set over a step's items, as compressed sparse rows: item `i` links to
+ *  `ids[offsets[i] .. offsets[i+1])`, strictly ascending, weighed by `weights` (NULL weighs one).
+ *  `offsets == NULL` is the empty set.
+ */
+typedef struct uform_edges_view_t {
+    uint32_t const* offsets; /**< Items + 1 offsets into `ids`. */
+    uint32_t const* ids;
+    float const* weights;
+} uform_edges_view_t;
+
+/** @brief What one step reports. Terms that did not run read NaN. */
+typedef struct uform_trainer_stats_t {
+    uint64_t step;        /**< The step count after this update. */
+    float learning_rate;  /**< The rate this update used. */
+    float loss;           /**< The weighted total. */
+    float masked_loss;
+    float contrastive_loss;
+    float late_interaction_loss;
+    float choices_loss;
+    float grad_norm;      /**< Global gradient norm before clipping. */
+    uint64_t items;       /**< Items this process contributed. */
+    uint64_t tokens;      /**< Token positions after truncation. */
+    uint64_t truncated_items;
+    uint32_t skipped;     /**< 1 when a non-finite loss or gradient skipped the update. */
+    uint32_t temperature_groups;
+    float inverse_temperatures[UFORM_MAX_TEMPERATURE_GROUPS]; /**< The values this step scored with. */
+    float biases[UFORM_MAX_TEMPERATURE_GROUPS];
+} uform_trainer_stats_t;
+
+/** @brief The inputs and outputs of one training step. */
+typedef struct uform_trainer_step_t {
+    /* Inputs: this process's share of the step. */
+    size_t count;                                /**< Items. */
+    uform_modality_t const* modalities;          /**< `count` modalities. */
+    uform_tape_t contents;                       /**< `count` byte entries. */
+    uint32_t const* bags;                        /**< NULL puts every item in its own bag. */
+    uint32_t const* temperature_groups;          /**< NULL puts every item in group 0. */
+    uform_late_interaction_side_t const* sides;  /**< NULL makes every item none. */
+    uform_tape_t choices;                        /**< Legal bytes per item; `data == NULL` offers none. */
+    uform_tape_t choice_targets;                 /**< float32 entries, offsets in elements. */
+    uform_edges_view_t attract;
+    uform_edges_view_t repel;
+    uform_edges_view_t ignore;
+    /* Outputs. */
+    void* embeddings;               /**< `count x hidden` scalars the step scored, or NULL. */
+    uform_scalar_t embeddings_scalar;
+    uform_trainer_stats_t stats;
+} uform_trainer_step_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/*  Verbs                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/** @brief The library's version, as "MAJOR.MINOR.PATCH". Never fails. */
+char const* uform_version(void);
+
+/** @brief The `uform_capability_t` bits this build and machine have. Never fails. */
+uint32_t uform_capabilities(void);
+
+/**
+ *  @brief Makes a CPU executor: the reference backend.
+ *  @param[in] threads Threads a verb uses, the calling one included; 0 uses every core.
+ *  @param[out] executor The new handle.
+ *  @param[out] error The message on failure; may be NULL.
+ */
+uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executor, char const** error);
+
+/**
+ *  @brief Makes a GPU executor over some or every visible device.
+ *  @param[in] devices Device ordinals; NULL with `count == 0` takes every visible device.
+ *  @param[in] count Entries in `devices`.
+ *  @param[out] executor The new handle.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_unsupported_k` in builds without CUDA or on machines without a GPU.
+ */
+uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, uform_executor_t* executor,
+                                        char const** error);
+
+/**
+ *  @brief Frees an executor.
+ *  @return `uform_status_busy_k` while a trainer borrows it.
+ */
+uform_status_t uform_executor_free(uform_executor_t executor, char const** error);
+
+/** @brief Where and how the processes of one run meet. */
+typedef struct uform_mesh_bootstrap_t {
+    uint32_t host_domain_index; /**< This process's index, below `host_domain_count`. */
+    uint32_t host_domain_count; /**< Processes in the run; 0 derives 1. */
+    char const* directory;      /**< A folder every process sees. */
+    char const* job;            /**< The run's name; files live under `directory/job`. */
+    double timeout_seconds;     /**< How long to wait for peers; 0 derives 300. */
+} uform_mesh_bootstrap_t;
+
+/**
+ *  @brief Joins this process to a run's mesh. A mesh of one process needs no peers.
+ *  @param[in] executor The devices this process brings.
+ *  @param[in] config Where and how to meet.
+ *  @param[out] mesh The new handle.
+ *  @return `uform_status_unsupported_k` for more than one process in builds without NCCL.
+ */
+uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootstrap_t const* config,
+                                    uform_mesh_t* mesh, char const** error);
+
+/**
+ *  @brief Frees a mesh.
+ *  @return `uform_status_busy_k` while a trainer borrows it.
+ */
+uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
+
+/**
+ *  @brief Starts or resumes a run on a CPU executor.
+ *  @param[in] executor A RAM executor.
+ *  @param[in] config Geometry, objectives, schedule; `config->resume` continues a checkpoint.
+ *  @param[in] mesh The mesh to borrow until freed; NULL runs this process alone.
+ *  @param[out] trainer The new handle.
+ *  @param[out] error The message on failure; may be NULL.
+ */
+uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                      uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
+
+/**
+ *  @brief Starts or resumes a run with one replica on each device of a GPU executor.
+ *  @return `uform_status_unsupported_k` in builds without CUDA; `invalid_argument` on a RAM executor.
+ */
+uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                       uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
+
+/**
+ *  @brief Applies one optimizer step over this process's items and every peer's.
+ *  @param[in] trainer The run.
+ *  @param[inout] step The batch in; the stats, and the embeddings when asked, out.
+ *  @param[out] error The message on failure; may be NULL.
+ *
+ *  The batch is validated whole before anything changes. A step whose loss or gradient is not
+ *  finite changes nothing and reports `stats.skipped = 1`; that is not an error.
+ */
+uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, char const** error);
+
+/**
+ *  @brief Writes the weights, the optimizer's moments, the step and the config as one
+ *  safetensors file: written to `path` + a temporary suffix, flushed, then renamed into place.
+ *  @param[in] trainer The run.
+ *  @param[in] path The destination.
+ */
+uform_status_t uform_trainer_save(uform_trainer_t trainer, char const* path, char const** error);
+
+/** @brief Frees a trainer and lets go of its executor and mesh. */
+uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UFORM_H_ */
