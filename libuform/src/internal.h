@@ -3,7 +3,7 @@
  *  @brief  What the shared core and the backends agree on: errors, keyed draws, the model's
  *          tensor layout, packed batches and the table of operations a backend provides.
  *
- *  The core (`libuform/src/*.c`) validates, packs, draws, runs the model's sequence of
+ *  The core (the C files of `libuform/src/`) validates, packs, draws, runs the model's sequence of
  *  operations and writes checkpoints, once. A backend (`ram/`, later `vram/`) is a table of
  *  operations over its own memory; the core never touches a backend's buffers directly.
  */
@@ -150,6 +150,7 @@ typedef struct uform_backend_t {
     void (*upload)(void* context, void* destination, void const* source, size_t bytes);
     void (*download)(void* context, void* destination, void const* source, size_t bytes);
     void (*zero)(void* context, void* destination, size_t bytes);
+    void (*copy)(void* context, void* destination, void const* source, size_t bytes); /* within the backend */
 
     /* c (m, n) = a (m, k) x b (k, n) + beta c, either input read transposed when asked */
     void (*matmul)(void* context, float* c, float const* a, float const* b, size_t m, size_t n, size_t k,
@@ -175,7 +176,7 @@ typedef struct uform_backend_t {
     void (*attention_backward)(void* context, float* d_qkv, float const* d_out, float const* out, float const* lse,
                                float const* qkv, uform_segment_t const* segments, size_t segments_count,
                                size_t tokens, size_t hidden);
-    /* tanh-approximated GELU, element-wise; the backward pass writes d_in */
+    /* tanh-approximated GELU, element-wise; the backward pass writes d_in, which may alias d_out */
     void (*gelu_forward)(void* context, float* out, float const* in, size_t count);
     void (*gelu_backward)(void* context, float* d_in, float const* d_out, float const* in, size_t count);
     /* out[i] = in[rows[i]] and its adjoint d_in[rows[i]] += d_out[i] (rows distinct) */

@@ -1,0 +1,278 @@
+/**
+ *  @file   batch.c
+ *  @brief  Validating a step's inputs and packing them as one device reads them: items cut to a
+ *          row, packed first-fit into rows, text masked by keyed draws, and the contrastive cells.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
+
+uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, char const** error) {
+    uform_batch_shape_t const* batch = &config->given.batch;
+    size_t tokens = (size_t)batch->max_rows_per_device * batch->max_columns_per_row;
+    size_t segments = batch->max_segments_per_device;
+    memset(packed, 0, sizeof(*packed));
+    packed->ids = calloc(tokens, sizeof(uint32_t));
+    packed->positions = calloc(tokens, sizeof(uint32_t));
+    packed->masked = calloc(tokens, sizeof(uint32_t));
+    packed->targets = calloc(tokens, sizeof(uint32_t));
+    packed->segments = calloc(segments, sizeof(uform_segment_t));
+    packed->groups = calloc(segments, sizeof(uint32_t));
+    packed->cells = calloc(segments * segments, sizeof(uint8_t));
+    packed->weights = calloc(segments * segments, sizeof(float));
+    packed->row_fill = calloc(batch->max_rows_per_device, sizeof(uint32_t));
+    if (!packed->ids || !packed->positions || !packed->masked || !packed->targets || !packed->segments ||
+        !packed->groups || !packed->cells || !packed->weights || !packed->row_fill) {
+        uform_packed_free(packed);
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory to pack batches of %zu tokens", tokens);
+    }
+    return uform_status_success_k;
+}
+
+void uform_packed_free(uform_packed_t* packed) {
+    free(packed->ids), free(packed->positions), free(packed->masked), free(packed->targets);
+    free(packed->segments), free(packed->groups), free(packed->cells), free(packed->weights), free(packed->row_fill);
+    memset(packed, 0, sizeof(*packed));
+}
+
+static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, char const** error) {
+    if (tape->count != count) return UFORM_INVALID("%s: %zu entries for %zu items", name, tape->count, count);
+    if (!tape->offsets) return UFORM_INVALID("%s: NULL offsets", name);
+    if (tape->offsets[0] != 0) return UFORM_INVALID("%s.offsets[0]: %llu, not 0", name, (unsigned long long)tape->offsets[0]);
+    for (size_t i = 0; i != count; ++i)
+        if (tape->offsets[i + 1] < tape->offsets[i])
+            return UFORM_INVALID("%s.offsets[%zu]: %llu is below the offset before it, %llu", name, i + 1,
+                                 (unsigned long long)tape->offsets[i + 1], (unsigned long long)tape->offsets[i]);
+    if (tape->offsets[count] && !tape->data) return UFORM_INVALID("%s: NULL data", name);
+    return uform_status_success_k;
+}
+
+static uform_status_t uform_edges_check(uform_edges_view_t const* edges, size_t count, char const* name,
+                                        int self_allowed, char const** error) {
+    if (!edges->offsets) {
+        if (edges->ids_count) return UFORM_INVALID("batch.relations.%s: %zu ids but no offsets", name, edges->ids_count);
+        return uform_status_success_k;
+    }
+    if (edges->offsets[0] != 0)
+        return UFORM_INVALID("batch.relations.%s.offsets[0]: %u, not 0", name, edges->offsets[0]);
+    for (size_t i = 0; i != count; ++i)
+        if (edges->offsets[i + 1] < edges->offsets[i])
+            return UFORM_INVALID("batch.relations.%s.offsets[%zu]: %u is below the offset before it, %u", name, i + 1,
+                                 edges->offsets[i + 1], edges->offsets[i]);
+    if (edges->offsets[count] != edges->ids_count)
+        return UFORM_INVALID("batch.relations.%s.offsets[%zu]: %u, but there are %zu ids", name, count,
+                             edges->offsets[count], edges->ids_count);
+    if (edges->ids_count && !edges->ids) return UFORM_INVALID("batch.relations.%s.ids: NULL", name);
+    for (size_t i = 0; i != count; ++i)
+        for (uint32_t k = edges->offsets[i]; k != edges->offsets[i + 1]; ++k) {
+            uint32_t id = edges->ids[k];
+            if (id >= count) return UFORM_INVALID("batch.relations.%s.ids[%u]: %u is not below %zu items", name, k, id, count);
+            if (k > edges->offsets[i] && id <= edges->ids[k - 1])
+                return UFORM_INVALID("batch.relations.%s.ids[%u]: %u is not above %u before it in item %zu's run",
+                                     name, k, id, edges->ids[k - 1], i);
+            if (!self_allowed && id == i)
+                return UFORM_INVALID("batch.relations.%s.ids[%u]: item %zu names itself", name, k, i);
+            if (edges->weights && (!isfinite(edges->weights[k]) || edges->weights[k] < 0))
+                return UFORM_INVALID("batch.relations.%s.weights[%u]: %g is not a finite non-negative weight", name, k,
+                                     (double)edges->weights[k]);
+        }
+    return uform_status_success_k;
+}
+
+/* Does item `i`'s run in `a` share an id with its run in `b`? Both runs ascend, so one merge walk tells. */
+static int uform_runs_overlap(uform_edges_view_t const* a, uform_edges_view_t const* b, size_t i, uint32_t* shared) {
+    if (!a->offsets || !b->offsets) return 0;
+    uint32_t x = a->offsets[i], y = b->offsets[i];
+    while (x < a->offsets[i + 1] && y < b->offsets[i + 1]) {
+        if (a->ids[x] == b->ids[y]) return *shared = a->ids[x], 1;
+        if (a->ids[x] < b->ids[y]) ++x;
+        else ++y;
+    }
+    return 0;
+}
+
+static int uform_compare_u32(void const* a, void const* b) {
+    uint32_t x = *(uint32_t const*)a, y = *(uint32_t const*)b;
+    return (x > y) - (x < y);
+}
+
+static uform_status_t uform_batch_validate(uform_config_t const* config, uform_trainer_step_t const* step,
+                                           char const** error) {
+    uform_trainer_init_vram_t const* c = &config->given;
+    size_t count = step->count;
+    if (!count) return UFORM_INVALID("batch: no items");
+    if (count > c->batch.max_segments_per_device)
+        return UFORM_INVALID("batch: %zu items exceed config.batch.max_segments_per_device = %u", count,
+                             c->batch.max_segments_per_device);
+    if (!step->modalities) return UFORM_INVALID("batch.modalities: NULL");
+    for (size_t i = 0; i != count; ++i) {
+        uform_modality_t modality = step->modalities[i];
+        if (modality == uform_modality_text_k) continue;
+        if (modality >= uform_modality_image_k && modality <= uform_modality_audio_k)
+            return uform_fail(error, uform_status_unsupported_k,
+                              "batch.modalities[%zu]: %s items need a build with that modality", i,
+                              modality == uform_modality_image_k ? "image"
+                              : modality == uform_modality_video_k ? "video"
+                                                                   : "audio");
+        return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", i, (int)modality);
+    }
+    uform_status_t status = uform_tape_check(&step->contents, count, "batch.contents", error);
+    if (status != uform_status_success_k) return status;
+    for (size_t i = 0; i != count; ++i)
+        if (step->contents.offsets[i + 1] == step->contents.offsets[i])
+            return UFORM_INVALID("batch.contents[%zu]: empty; every item needs at least one byte", i);
+    if (step->bags) {
+        uint32_t* sorted = malloc(count * sizeof(uint32_t));
+        if (!sorted) return uform_fail(error, uform_status_out_of_memory_k, "no memory to count bags");
+        memcpy(sorted, step->bags, count * sizeof(uint32_t));
+        qsort(sorted, count, sizeof(uint32_t), uform_compare_u32);
+        size_t distinct = 1;
+        for (size_t i = 1; i != count; ++i) distinct += sorted[i] != sorted[i - 1];
+        free(sorted);
+        if (distinct > c->batch.max_bags_per_device)
+            return UFORM_INVALID("batch.bags: %zu bags exceed config.batch.max_bags_per_device = %u", distinct,
+                                 c->batch.max_bags_per_device);
+    }
+    if (step->temperature_groups)
+        for (size_t i = 0; i != count; ++i)
+            if (step->temperature_groups[i] >= c->contrastive.temperature_groups)
+                return UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below config.contrastive.temperature_groups = %u",
+                                     i, step->temperature_groups[i], c->contrastive.temperature_groups);
+    if (step->sides)
+        for (size_t i = 0; i != count; ++i) {
+            if ((unsigned)step->sides[i] > uform_late_interaction_query_and_document_k)
+                return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, (int)step->sides[i]);
+            if (step->sides[i] != uform_late_interaction_none_k)
+                return UFORM_INVALID("batch.sides[%zu]: %d needs config.late_interaction.weight", i, (int)step->sides[i]);
+        }
+    if (step->choices.offsets || step->choices.data) {
+        status = uform_tape_check(&step->choices, count, "batch.choices", error);
+        if (status != uform_status_success_k) return status;
+        if (step->choices.offsets[count])
+            return UFORM_INVALID("batch.choices: items offer choices, which need config.choices.weight");
+    }
+    if ((step->choice_targets.offsets || step->choice_targets.data) && step->choice_targets.count &&
+        step->choice_targets.offsets[step->choice_targets.count])
+        return UFORM_INVALID("batch.choice_targets: given without choices");
+
+    size_t edges = 0;
+    uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
+    char const* names[3] = {"attract", "repel", "ignore"};
+    for (int r = 0; r != 3; ++r) {
+        status = uform_edges_check(relations[r], count, names[r], r == 2, error);
+        if (status != uform_status_success_k) return status;
+        edges += relations[r]->ids_count;
+    }
+    if (edges > c->contrastive.max_edges_per_device)
+        return UFORM_INVALID("batch.relations: %zu edges exceed config.contrastive.max_edges_per_device = %u", edges,
+                             c->contrastive.max_edges_per_device);
+    for (size_t i = 0; i != count; ++i)
+        for (int a = 0; a != 3; ++a)
+            for (int b = a + 1; b != 3; ++b) {
+                uint32_t shared;
+                if (uform_runs_overlap(relations[a], relations[b], i, &shared))
+                    return UFORM_INVALID("batch.relations: item %zu names item %u in both %s and %s", i, shared,
+                                         names[a], names[b]);
+            }
+    return uform_status_success_k;
+}
+
+/* Marks the positions of one text item that the masked term scores and corrupts what the model sees. */
+static void uform_mask_text(uform_packed_t* packed, uform_config_t const* config, uint64_t step_number, size_t item,
+                            uint32_t start, uint32_t length) {
+    uform_masking_t const* masking = &config->given.masking;
+    uint64_t seed = config->given.seed;
+    double mean_span = masking->token_mean_span;
+    /* Spans start with probability p / mean and last a geometric number of positions with that mean, so
+       about a share p of positions is chosen, in runs. */
+    float start_probability = masking->token_mask_probability / (float)mean_span;
+    double continue_log = mean_span > 1 ? log(1.0 - 1.0 / mean_span) : 0;
+    uint32_t span_left = 0;
+    for (uint32_t p = 0; p != length; ++p) {
+        uint64_t key = uform_key(seed, uform_stream_span_k, step_number, item, p);
+        if (!span_left && uform_uniform(key) < start_probability) {
+            double u = ((double)(key & 0xFFFFFF) + 1.0) / 16777217.0;
+            span_left = mean_span > 1 ? 1 + (uint32_t)fmin(floor(log(u) / continue_log), 1e6) : 1;
+        }
+        if (!span_left) continue;
+        --span_left;
+        uint32_t token = start + p;
+        packed->masked[packed->masked_count] = token;
+        packed->targets[packed->masked_count++] = packed->ids[token];
+        float draw = uform_uniform(uform_key(seed, uform_stream_corrupt_k, step_number, item, p));
+        if (draw < masking->replace_fraction) packed->ids[token] = uform_mask_id_k;
+        else if (draw < masking->replace_fraction + masking->random_fraction)
+            packed->ids[token] = (uint32_t)(uform_key(seed, uform_stream_byte_k, step_number, item, p) >> 56);
+    }
+}
+
+static void uform_cells_fill(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step) {
+    size_t count = step->count;
+    uform_contrastive_t const* contrastive = &config->given.contrastive;
+    int ambient = contrastive->negatives == uform_negatives_ambient_k;
+    for (size_t i = 0; i != count; ++i)
+        for (size_t j = 0; j != count; ++j) {
+            int counted = ambient && i != j;
+            packed->cells[i * count + j] = counted ? uform_cell_repel_k : uform_cell_ignored_k;
+            packed->weights[i * count + j] = counted ? contrastive->ambient_repulsion_weight : 0;
+        }
+    uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
+    uint8_t kinds[3] = {uform_cell_attract_k, uform_cell_repel_k, uform_cell_ignored_k};
+    for (int r = 0; r != 3; ++r) {
+        uform_edges_view_t const* edges = relations[r];
+        if (!edges->offsets) continue;
+        for (size_t i = 0; i != count; ++i)
+            for (uint32_t k = edges->offsets[i]; k != edges->offsets[i + 1]; ++k) {
+                size_t cell = i * count + edges->ids[k];
+                packed->cells[cell] = kinds[r];
+                packed->weights[cell] = r == 2 ? 0 : edges->weights ? edges->weights[k] : 1;
+            }
+    }
+}
+
+uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
+                                uform_trainer_step_t const* step, uint64_t step_number, char const** error) {
+    if (!step) return UFORM_INVALID("batch: NULL");
+    uform_status_t status = uform_batch_validate(config, step, error);
+    if (status != uform_status_success_k) return status;
+
+    uform_batch_shape_t const* shape = &config->given.batch;
+    size_t count = step->count;
+    uint8_t const* bytes = (uint8_t const*)step->contents.data;
+    packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = 0;
+    packed->segments_count = count;
+    for (size_t i = 0; i != count; ++i) {
+        uint64_t begin = step->contents.offsets[i], length = step->contents.offsets[i + 1] - begin;
+        if (length > shape->max_columns_per_row) length = shape->max_columns_per_row, ++packed->truncated;
+        /* First fit: the first row with room, else a new one. */
+        size_t row = 0;
+        while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
+        if (row == packed->rows_count) {
+            if (row == shape->max_rows_per_device)
+                return UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than "
+                                     "config.batch.max_rows_per_device = %u rows of %u columns",
+                                     i, shape->max_rows_per_device, shape->max_columns_per_row);
+            packed->row_fill[packed->rows_count++] = 0;
+        }
+        uform_segment_t* segment = &packed->segments[i];
+        segment->start = (uint32_t)packed->tokens_count;
+        segment->length = (uint32_t)length;
+        segment->row = (uint32_t)row;
+        segment->column = packed->row_fill[row];
+        packed->row_fill[row] += (uint32_t)length;
+        for (uint32_t p = 0; p != length; ++p) {
+            packed->ids[packed->tokens_count + p] = bytes[begin + p];
+            packed->positions[packed->tokens_count + p] = p;
+        }
+        packed->tokens_count += length;
+        packed->groups[i] = step->temperature_groups ? step->temperature_groups[i] : 0;
+    }
+    if (config->given.objective != uform_objective_contrastive_k)
+        for (size_t i = 0; i != count; ++i)
+            uform_mask_text(packed, config, step_number, i, packed->segments[i].start, packed->segments[i].length);
+    if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
+    return uform_status_success_k;
+}

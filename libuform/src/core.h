@@ -1,0 +1,180 @@
+/**
+ *  @file   core.h
+ *  @brief  The shared core's own types: executors, meshes, trainers, the derived config,
+ *          packed batches, and the verbs' building blocks. Backends never see these.
+ */
+#ifndef UFORM_CORE_H_
+#define UFORM_CORE_H_
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "internal.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Handles                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum uform_handle_kind_t {
+    uform_handle_executor_k = 1,
+    uform_handle_mesh_k = 2,
+    uform_handle_trainer_k = 3,
+} uform_handle_kind_t;
+
+/** Every handle starts with this, so the table of live handles can say what it points to. */
+typedef struct uform_handle_t {
+    uform_handle_kind_t kind;
+    size_t borrowers; /* trainers borrowing this executor or mesh; guarded by the table's lock */
+} uform_handle_t;
+
+/** Adds a handle to the table of live ones. */
+uform_status_t uform_handles_add(void* handle, char const** error);
+/** Checks a handle is live and of `kind`; `what` names it in the message. */
+uform_status_t uform_handles_check(void const* handle, uform_handle_kind_t kind, char const* what,
+                                   char const** error);
+/** Removes a handle unless something borrows it; NULL, freed or foreign handles are refused. */
+uform_status_t uform_handles_remove(void* handle, uform_handle_kind_t kind, char const* what, char const** error);
+/** Checks a handle like `uform_handles_check` and, when live, counts one more borrower of it, so it cannot
+ *  be freed until `uform_handles_borrow(handle, -1)`: verbs hold their trainer this way for their call. */
+uform_status_t uform_handles_acquire(void* handle, uform_handle_kind_t kind, char const* what, char const** error);
+/** Adds or drops one borrower of a live handle. */
+void uform_handles_borrow(void* handle, int delta);
+
+typedef struct uform_executor_s {
+    uform_handle_t handle;
+    uform_backend_t const* backend;
+    uform_ram_context_t ram;
+    void* context; /* what the backend's operations take */
+} uform_executor_s;
+
+typedef struct uform_mesh_s {
+    uform_handle_t handle;
+    uint32_t host_domain_index, host_domain_count;
+} uform_mesh_s;
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Config                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/** The config with every default derived and every field checked, plus owned copies of its arrays. */
+typedef struct uform_config_t {
+    uform_trainer_init_vram_t given; /* with derived values filled in; pointers below are owned */
+    uint32_t matryoshka[UFORM_MAX_MATRYOSHKA_DIMENSIONS];
+    char resume[4096];
+    float beta1, beta2, epsilon, weight_decay, clip_norm; /* AdamW, fixed and documented */
+} uform_config_t;
+
+uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vram_t const* given,
+                                   char const** error);
+/** Writes the config as JSON into `out` (NUL-terminated), for the checkpoint's metadata. */
+size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capacity);
+/** The learning rate the update to step `step` (counted from 1) uses. */
+float uform_schedule_rate(uform_schedule_t const* schedule, uint64_t step);
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Packed batches                                                                                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+/**
+ *  One device's share of a step, packed on the host as the device will read it: the token
+ *  stream, each token's position inside its item, the segments, the masked positions and their
+ *  targets, and the contrastive cells. Sized for the geometry's capacity once, reused every step.
+ */
+typedef struct uform_packed_t {
+    size_t tokens_count, segments_count, rows_count, masked_count, truncated;
+    uint32_t* ids;       /* (capacity tokens) the ids the model reads, after corruption */
+    uint32_t* positions; /* (capacity tokens) each token's position within its item */
+    uform_segment_t* segments; /* (capacity segments) */
+    uint32_t* masked;    /* (capacity tokens) indices of the positions the masked term scores */
+    uint32_t* targets;   /* (capacity tokens) the original bytes at those positions */
+    uint32_t* groups;    /* (capacity segments) temperature group of each item */
+    uint8_t* cells;      /* (segments x segments) uform_cell_t of each contrastive cell */
+    float* weights;      /* (segments x segments) weight of each cell */
+    uint32_t* row_fill;  /* (capacity rows) positions used in each row while packing */
+} uform_packed_t;
+
+uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, char const** error);
+void uform_packed_free(uform_packed_t* packed);
+
+/**
+ *  Checks every field of a step's inputs against the config, then packs it for the update to
+ *  step `step_number` (counted from 1): truncation, rows, masking draws, contrastive cells.
+ *  Writes only `packed`, which is scratch: a refused batch leaves the run as it was.
+ */
+uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
+                                uform_trainer_step_t const* step, uint64_t step_number, char const** error);
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  The model on one device                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/** Activations of one block, each sized for the device's token capacity. */
+typedef struct uform_block_activations_t {
+    float* input;     /* (tokens, hidden) the residual stream entering the block */
+    float* rstd1;     /* (tokens) */
+    float* normed1;   /* (tokens, hidden) */
+    float* qkv;       /* (tokens, 3 hidden) queries and keys after rotation */
+    float* attended;  /* (tokens, hidden) */
+    float* lse;       /* (heads, tokens) */
+    float* middle;    /* (tokens, hidden) the residual stream after attention */
+    float* rstd2;     /* (tokens) */
+    float* normed2;   /* (tokens, hidden) */
+    float* up;        /* (tokens, 4 hidden) before GELU */
+    float* activated; /* (tokens, 4 hidden) after GELU */
+} uform_block_activations_t;
+
+/** One replica: weights, gradients, moments and activations in one backend's memory. */
+typedef struct uform_replica_t {
+    uform_backend_t const* backend;
+    void* context;
+    size_t capacity_tokens, capacity_segments;
+    uint32_t depth;
+    float *weights, *gradients, *first, *second; /* (layout.total) each */
+    uform_block_activations_t* blocks;           /* (depth) */
+    float* output;      /* (tokens, hidden) residual stream after the last block */
+    float* final_rstd;  /* (tokens) */
+    float* final;       /* (tokens, hidden) final-norm states: every head reads these */
+    float* d_final;     /* (tokens, hidden) */
+    float* d_stream;    /* (tokens, hidden) gradient of the residual stream */
+    float* d_hidden;    /* (tokens, hidden) scratch */
+    float* d_qkv;       /* (tokens, 3 hidden) */
+    float* d_wide;      /* (tokens, 4 hidden) */
+    float* masked_states; /* (tokens, hidden) final states at masked positions */
+    float* logits;      /* (tokens, 256) decoder logits at masked positions */
+    float* d_logits;    /* (tokens, 256) */
+    float* pooled;      /* (segments, hidden) */
+    float* d_pooled;    /* (segments, hidden) */
+    float* normalized;  /* (segments, hidden) unit-norm embeddings */
+    /* the packed batch, uploaded */
+    uint32_t *ids, *positions, *masked, *targets, *groups;
+    uform_segment_t* segments;
+    uint8_t* cells;
+    float* cell_weights;
+} uform_replica_t;
+
+uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
+                                  uform_layout_t const* layout, uform_config_t const* config, char const** error);
+void uform_replica_free(uform_replica_t* replica);
+
+/** Losses of one forward pass; NaN for terms that did not run. */
+typedef struct uform_losses_t {
+    double total, masked, contrastive;
+} uform_losses_t;
+
+/** Uploads a packed batch, then runs forward, losses and backward: gradients are overwritten. */
+void uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout, uform_config_t const* config,
+                           uform_packed_t const* packed, uform_losses_t* losses);
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Checkpoints                                                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/** Writes weights and moments with `metadata` JSON pairs into `path`, atomically. */
+uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* layout, float const* weights,
+                                     float const* first, float const* second, uint64_t step,
+                                     char const* config_json, char const** error);
+/** Reads a checkpoint written for `layout`; refuses other geometries by name. */
+uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
+                                     float* second, uint64_t* step, char const** error);
+
+#endif /* UFORM_CORE_H_ */

@@ -1,0 +1,65 @@
+/**
+ *  @file   layout.c
+ *  @brief  Names, shapes and places of every parameter in the flat buffers of weights, gradients
+ *          and moments. The order here is the checkpoint's order; `docs/model.md` lists it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static size_t uform_layout_push(uform_layout_t* layout, char const* name, size_t rows, size_t cols, float init_std,
+                                float init_value) {
+    uform_tensor_t* tensor = &layout->tensors[layout->count];
+    snprintf(tensor->name, sizeof(tensor->name), "%s", name);
+    tensor->offset = layout->total;
+    tensor->rows = rows, tensor->cols = cols;
+    tensor->decays = rows > 1;
+    tensor->init_std = init_std, tensor->init_value = init_value;
+    /* Each tensor starts on a 16-float boundary so every backend may read it with aligned vectors. */
+    layout->total += (rows * cols + 15) / 16 * 16;
+    return layout->count++;
+}
+
+uform_status_t uform_layout_init(uform_layout_t* layout, uint32_t depth, uint32_t hidden, uint32_t groups,
+                                 float inverse_temperature, float bias, char const** error) {
+    *layout = (uform_layout_t){.depth = depth, .hidden = hidden, .heads = hidden / uform_head_width_k,
+                               .temperature_groups = groups};
+    layout->tensors = calloc(6 * (size_t)depth + 5, sizeof(uform_tensor_t));
+    layout->blocks = calloc(depth, sizeof(uform_block_tensors_t));
+    if (!layout->tensors || !layout->blocks) {
+        uform_layout_free(layout);
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory for the model's layout");
+    }
+    size_t h = hidden, wide = uform_mlp_ratio_k * (size_t)hidden;
+    float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * (float)depth); /* GPT-2's scaled residual init */
+    char name[64];
+    layout->embedding = uform_layout_push(layout, "text.embedding", uform_vocabulary_k, h, std, 0);
+    for (uint32_t l = 0; l != depth; ++l) {
+        uform_block_tensors_t* block = &layout->blocks[l];
+        snprintf(name, sizeof(name), "blocks.%u.attention_norm", l);
+        block->attention_norm = uform_layout_push(layout, name, 1, h, 0, 1);
+        snprintf(name, sizeof(name), "blocks.%u.qkv", l);
+        block->qkv = uform_layout_push(layout, name, 3 * h, h, std, 0);
+        snprintf(name, sizeof(name), "blocks.%u.out", l);
+        block->out = uform_layout_push(layout, name, h, h, residual_std, 0);
+        snprintf(name, sizeof(name), "blocks.%u.mlp_norm", l);
+        block->mlp_norm = uform_layout_push(layout, name, 1, h, 0, 1);
+        snprintf(name, sizeof(name), "blocks.%u.up", l);
+        block->up = uform_layout_push(layout, name, wide, h, std, 0);
+        snprintf(name, sizeof(name), "blocks.%u.down", l);
+        block->down = uform_layout_push(layout, name, h, wide, residual_std, 0);
+    }
+    layout->final_norm = uform_layout_push(layout, "final_norm", 1, h, 0, 1);
+    layout->decoder = uform_layout_push(layout, "text.decoder", uform_bytes_k, h, std, 0);
+    layout->log_inverse_temperature =
+        uform_layout_push(layout, "contrastive.log_inverse_temperature", 1, groups, 0, logf(inverse_temperature));
+    layout->bias = uform_layout_push(layout, "contrastive.bias", 1, groups, 0, bias);
+    return uform_status_success_k;
+}
+
+void uform_layout_free(uform_layout_t* layout) {
+    free(layout->tensors);
+    free(layout->blocks);
+    layout->tensors = NULL, layout->blocks = NULL;
+}

@@ -1,0 +1,317 @@
+/**
+ *  @file   trainer.c
+ *  @brief  The trainer's verbs: start or resume a run, step, save, free.
+ *
+ *  A step is four passes over device-sized buffers: pack (host), forward, losses, backward
+ *  (`model.c`, on the backend), then the update: one global gradient norm, a skip when anything
+ *  is not finite, clipping, AdamW per tensor. Steps on one trainer are serialized by its lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+typedef struct uform_trainer_s {
+    uform_handle_t handle;
+    pthread_mutex_t lock;
+    uform_executor_s* executor;
+    uform_mesh_s* mesh;
+    uform_config_t config;
+    uform_layout_t layout;
+    uform_packed_t packed;
+    uform_replica_t replica;
+    uint64_t step; /* updates applied so far */
+    char config_json[4096];
+} uform_trainer_s;
+
+static void uform_trainer_release(uform_trainer_s* trainer) {
+    uform_replica_free(&trainer->replica);
+    uform_packed_free(&trainer->packed);
+    uform_layout_free(&trainer->layout);
+    pthread_mutex_destroy(&trainer->lock);
+    free(trainer);
+}
+
+/* Fills the weights from keyed draws, or from the checkpoint to resume, then moves them to the device. */
+static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const** error) {
+    uform_layout_t const* layout = &trainer->layout;
+    uform_replica_t* replica = &trainer->replica;
+    size_t bytes = layout->total * sizeof(float);
+    float* host = calloc(3 * layout->total, sizeof(float));
+    if (!host) return uform_fail(error, uform_status_out_of_memory_k, "no memory to initialize %zu weights", layout->total);
+    float *weights = host, *first = host + layout->total, *second = host + 2 * layout->total;
+    uform_status_t status = uform_status_success_k;
+    if (trainer->config.given.resume) {
+        status = uform_checkpoint_load(trainer->config.given.resume, layout, weights, first, second, &trainer->step,
+                                       error);
+    } else {
+        uint64_t seed = trainer->config.given.seed;
+        for (size_t i = 0; i != layout->count; ++i) {
+            uform_tensor_t const* tensor = &layout->tensors[i];
+            float* values = weights + tensor->offset;
+            for (size_t k = 0, n = tensor->rows * tensor->cols; k != n; ++k)
+                values[k] = tensor->init_std ? tensor->init_std * uform_normal(uform_key(seed, uform_stream_init_k, 0, i, k))
+                                             : tensor->init_value;
+        }
+    }
+    if (status == uform_status_success_k) {
+        replica->backend->upload(replica->context, replica->weights, weights, bytes);
+        replica->backend->upload(replica->context, replica->first, first, bytes);
+        replica->backend->upload(replica->context, replica->second, second, bytes);
+    }
+    free(host);
+    return status;
+}
+
+static uform_status_t uform_trainer_init(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                         uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
+    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
+    if (status != uform_status_success_k) return status;
+    if (mesh && (status = uform_handles_check(mesh, uform_handle_mesh_k, "mesh", error)) != uform_status_success_k)
+        return status;
+    if (!trainer) return uform_fail(error, uform_status_invalid_argument_k, "trainer: NULL output pointer");
+    uform_trainer_s* made = calloc(1, sizeof(uform_trainer_s));
+    if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for a trainer");
+    pthread_mutex_init(&made->lock, NULL);
+    made->handle.kind = uform_handle_trainer_k;
+    made->executor = executor, made->mesh = mesh;
+    status = uform_config_derive(&made->config, config, error);
+    uform_trainer_init_vram_t const* c = &made->config.given;
+    if (status == uform_status_success_k)
+        status = uform_layout_init(&made->layout, c->depth, c->hidden, c->contrastive.temperature_groups,
+                                   c->contrastive.inverse_temperature, c->contrastive.bias, error);
+    if (status == uform_status_success_k) status = uform_packed_init(&made->packed, &made->config, error);
+    if (status == uform_status_success_k)
+        status = uform_replica_init(&made->replica, made->executor, &made->layout, &made->config, error);
+    if (status == uform_status_success_k) status = uform_trainer_start(made, error);
+    if (status == uform_status_success_k) status = uform_handles_add(made, error);
+    if (status != uform_status_success_k) {
+        uform_trainer_release(made);
+        return status;
+    }
+    uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
+    uform_handles_borrow(executor, +1);
+    uform_handles_borrow(mesh, +1);
+    *trainer = made;
+    return uform_status_success_k;
+}
+
+uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                      uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
+    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
+    if (status != uform_status_success_k) return status;
+    if (((uform_executor_s*)executor)->backend != &uform_ram_backend)
+        return uform_fail(error, uform_status_invalid_argument_k, "executor: a VRAM executor; use uform_trainer_init_vram");
+    return uform_trainer_init(executor, config, mesh, trainer, error);
+}
+
+uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                       uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
+    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
+    if (status != uform_status_success_k) return status;
+    (void)config, (void)mesh, (void)trainer;
+    return uform_fail(error, uform_status_invalid_argument_k,
+                      "executor: a RAM executor; use uform_trainer_init_ram, or a VRAM executor where CUDA is built");
+}
+
+/* Takes the trainer for one verb: checked live, counted as borrowed so it cannot be freed meanwhile, locked. */
+static uform_status_t uform_trainer_enter(uform_trainer_t handle, char const** error) {
+    uform_status_t status = uform_handles_acquire(handle, uform_handle_trainer_k, "trainer", error);
+    if (status == uform_status_success_k) pthread_mutex_lock(&((uform_trainer_s*)handle)->lock);
+    return status;
+}
+
+static void uform_trainer_leave(uform_trainer_s* trainer) {
+    pthread_mutex_unlock(&trainer->lock);
+    uform_handles_borrow(trainer, -1);
+}
+
+static void uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_losses_t const* losses) {
+    uform_layout_t const* layout = &trainer->layout;
+    uform_replica_t const* replica = &trainer->replica;
+    memset(stats, 0, sizeof(*stats));
+    stats->loss = (float)losses->total;
+    stats->masked_loss = (float)losses->masked;
+    stats->contrastive_loss = (float)losses->contrastive;
+    stats->late_interaction_loss = stats->choices_loss = NAN;
+    stats->items = trainer->packed.segments_count;
+    stats->tokens = trainer->packed.tokens_count;
+    stats->truncated_items = trainer->packed.truncated;
+    stats->temperature_groups = layout->temperature_groups;
+    float scalars[2 * UFORM_MAX_TEMPERATURE_GROUPS];
+    replica->backend->download(replica->context, scalars, replica->weights + layout->tensors[layout->log_inverse_temperature].offset,
+                               layout->temperature_groups * sizeof(float));
+    replica->backend->download(replica->context, scalars + UFORM_MAX_TEMPERATURE_GROUPS,
+                               replica->weights + layout->tensors[layout->bias].offset,
+                               layout->temperature_groups * sizeof(float));
+    for (uint32_t g = 0; g != layout->temperature_groups; ++g)
+        stats->inverse_temperatures[g] = expf(scalars[g]), stats->biases[g] = scalars[UFORM_MAX_TEMPERATURE_GROUPS + g];
+}
+
+static uint16_t uform_f32_to_f16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    uint32_t sign = (bits >> 16) & 0x8000, exponent = (bits >> 23) & 0xFF, mantissa = bits & 0x7FFFFF;
+    if (exponent == 0xFF) return (uint16_t)(sign | 0x7C00 | (mantissa ? 0x200 : 0));
+    int e = (int)exponent - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7C00);
+    if (e <= 0) {
+        if (e < -10) return (uint16_t)sign;
+        mantissa |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e), half = mantissa >> shift, rest = mantissa & ((1u << shift) - 1);
+        uint32_t midpoint = 1u << (shift - 1);
+        if (rest > midpoint || (rest == midpoint && (half & 1))) ++half;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (mantissa >> 13), rest = mantissa & 0x1FFF;
+    if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half; /* round to nearest even; may carry into the exponent */
+    return (uint16_t)half;
+}
+
+static uint16_t uform_f32_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    if ((bits & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((bits >> 16) | 0x40);
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+/* Lands the step's unit-norm embeddings in the caller's memory as the scalar asked for. */
+static void uform_embeddings_export(uform_trainer_s* trainer, uform_trainer_step_t* step) {
+    uform_replica_t const* replica = &trainer->replica;
+    size_t items = trainer->packed.segments_count, h = trainer->layout.hidden, count = items * h;
+    float* values = malloc(count * sizeof(float));
+    if (!values) return;
+    int normalized = trainer->config.given.objective != uform_objective_masked_k;
+    replica->backend->download(replica->context, values, normalized ? replica->normalized : replica->pooled,
+                               count * sizeof(float));
+    if (!normalized)
+        for (size_t i = 0; i != items; ++i) {
+            double norm = 0;
+            for (size_t k = 0; k != h; ++k) norm += (double)values[i * h + k] * values[i * h + k];
+            float scale = norm > 0 ? (float)(1 / sqrt(norm)) : 0;
+            for (size_t k = 0; k != h; ++k) values[i * h + k] *= scale;
+        }
+    for (size_t i = 0; i != count; ++i) switch (step->embeddings_scalar) {
+        case uform_scalar_f32_k: ((float*)step->embeddings)[i] = values[i]; break;
+        case uform_scalar_f16_k: ((uint16_t*)step->embeddings)[i] = uform_f32_to_f16(values[i]); break;
+        case uform_scalar_bf16_k: ((uint16_t*)step->embeddings)[i] = uform_f32_to_bf16(values[i]); break;
+        case uform_scalar_i8_k: {
+            float scaled = roundf(values[i] * 127.0f);
+            ((int8_t*)step->embeddings)[i] = (int8_t)(scaled > 127 ? 127 : scaled < -127 ? -127 : scaled);
+            break;
+        }
+        }
+    free(values);
+}
+
+/* Validates, packs and runs the passes; `update` decides whether the optimizer applies them. */
+static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
+                                        char const** error) {
+    if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
+    if (step->embeddings && (unsigned)step->embeddings_scalar > uform_scalar_i8_k)
+        return uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
+                          (int)step->embeddings_scalar);
+    uint64_t next = trainer->step + 1;
+    uform_status_t status = uform_batch_pack(&trainer->packed, &trainer->config, step, next, error);
+    if (status != uform_status_success_k) return status;
+
+    uform_losses_t losses;
+    uform_replica_t* replica = &trainer->replica;
+    uform_layout_t const* layout = &trainer->layout;
+    uform_backend_t const* backend = replica->backend;
+    uform_model_gradients(replica, layout, &trainer->config, &trainer->packed, &losses);
+    uform_stats_fill(trainer, &step->stats, &losses);
+    if (step->embeddings) uform_embeddings_export(trainer, step);
+
+    double norm = sqrt(backend->sum_squares(replica->context, replica->gradients, layout->total));
+    float rate = uform_schedule_rate(&trainer->config.given.schedule, next);
+    step->stats.grad_norm = (float)norm;
+    step->stats.learning_rate = rate;
+    step->stats.step = trainer->step;
+    if (!update) return uform_status_success_k;
+    /* A poisoned step changes nothing, so the next good batch trains as if this one never came. */
+    if (!isfinite(norm) || (!isnan(losses.total) && !isfinite(losses.total)) ||
+        (isnan(losses.total) && (!isnan(losses.masked) || !isnan(losses.contrastive)))) {
+        step->stats.skipped = 1;
+        return uform_status_success_k;
+    }
+    uform_config_t const* config = &trainer->config;
+    float scale = norm > config->clip_norm ? (float)(config->clip_norm / norm) : 1.0f;
+    for (size_t i = 0; i != layout->count; ++i) {
+        uform_tensor_t const* tensor = &layout->tensors[i];
+        backend->adamw(replica->context, replica->weights + tensor->offset, replica->gradients + tensor->offset,
+                       replica->first + tensor->offset, replica->second + tensor->offset, tensor->rows * tensor->cols,
+                       rate, config->beta1, config->beta2, config->epsilon, tensor->decays ? config->weight_decay : 0,
+                       scale, next);
+    }
+    trainer->step = next;
+    step->stats.step = next;
+    return uform_status_success_k;
+}
+
+uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
+    uform_status_t status = uform_trainer_enter(handle, error);
+    if (status != uform_status_success_k) return status;
+    status = uform_trainer_run(handle, step, 1, error);
+    uform_trainer_leave(handle);
+    return status;
+}
+
+uform_status_t uform_trainer_probe(uform_trainer_t handle, uform_trainer_step_t* step, float* gradients,
+                                   char const** error) {
+    uform_status_t status = uform_trainer_enter(handle, error);
+    if (status != uform_status_success_k) return status;
+    uform_trainer_s* trainer = handle;
+    status = uform_trainer_run(trainer, step, 0, error);
+    if (status == uform_status_success_k && gradients)
+        trainer->replica.backend->download(trainer->replica.context, gradients, trainer->replica.gradients,
+                                           trainer->layout.total * sizeof(float));
+    uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, size_t* total, char const** error) {
+    uform_status_t status = uform_trainer_enter(handle, error);
+    if (status != uform_status_success_k) return status;
+    uform_trainer_s* trainer = handle;
+    if (total) *total = trainer->layout.total;
+    if (weights)
+        trainer->replica.backend->download(trainer->replica.context, weights, trainer->replica.weights,
+                                           trainer->layout.total * sizeof(float));
+    uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char const** error) {
+    uform_status_t status = uform_trainer_enter(handle, error);
+    if (status != uform_status_success_k) return status;
+    uform_trainer_s* trainer = handle;
+    if (trainer->mesh && trainer->mesh->host_domain_index != 0) { /* only process zero writes */
+        uform_trainer_leave(trainer);
+        return uform_status_success_k;
+    }
+    size_t total = trainer->layout.total;
+    float* host = malloc(3 * total * sizeof(float));
+    if (!host) status = uform_fail(error, uform_status_out_of_memory_k, "no memory to stage %zu weights", total);
+    else {
+        uform_replica_t const* replica = &trainer->replica;
+        replica->backend->download(replica->context, host, replica->weights, total * sizeof(float));
+        replica->backend->download(replica->context, host + total, replica->first, total * sizeof(float));
+        replica->backend->download(replica->context, host + 2 * total, replica->second, total * sizeof(float));
+        status = uform_checkpoint_save(path, &trainer->layout, host, host + total, host + 2 * total, trainer->step,
+                                       trainer->config_json, error);
+        free(host);
+    }
+    uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_free(uform_trainer_t handle, char const** error) {
+    uform_status_t status = uform_handles_remove(handle, uform_handle_trainer_k, "trainer", error);
+    if (status != uform_status_success_k) return status;
+    uform_trainer_s* trainer = handle;
+    uform_handles_borrow(trainer->executor, -1);
+    uform_handles_borrow(trainer->mesh, -1);
+    uform_trainer_release(trainer);
+    return uform_status_success_k;
+}
