@@ -285,8 +285,9 @@ typedef struct uform_tape_t {
  */
 typedef struct uform_edges_view_t {
     uint32_t const* offsets; /**< Items + 1 offsets into `ids`. */
-    uint32_t const* ids;
-    float const* weights;
+    uint32_t const* ids;     /**< `ids_count` item indices. */
+    float const* weights;    /**< `ids_count` weights, or NULL. */
+    size_t ids_count;        /**< Must equal `offsets[items]`. */
 } uform_edges_view_t;
 
 /** @brief What one step reports. Terms that did not run read NaN. */
