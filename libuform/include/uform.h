@@ -17,7 +17,7 @@
  *  - `uform_trainer_t`: one training run: the weights, the optimizer's moments and the step.
  *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows
  *    it fails with `uform_status_busy_k`.
- *  - `uform_encoder_t`: reserved for inference.
+ *  - `uform_encoder_t`: a checkpoint loaded for inference: pooled embeddings of any number of items.
  *
  *  Every handle is checked against the library's table of live handles before use, so a freed
  *  or foreign handle is answered with `uform_status_invalid_handle_k`, never a crash.
@@ -428,6 +428,31 @@ uform_status_t uform_trainer_save(uform_trainer_t trainer, char const* path, cha
 
 /** @brief Frees a trainer and lets go of its executor and mesh. */
 uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
+
+/** @brief A batch of items to embed, and where their embeddings land. */
+typedef struct uform_encoder_embed_t {
+    size_t count;                       /**< Items; any number: the encoder splits them to fit. */
+    uform_modality_t const* modalities; /**< `count` modalities. */
+    uform_tape_t contents;              /**< `count` byte entries. */
+    void* embeddings;                   /**< Out: `count x hidden` scalars, unit-norm pooled embeddings. */
+    uform_scalar_t embeddings_scalar;
+} uform_encoder_embed_t;
+
+/**
+ *  @brief Loads a checkpoint for inference; its geometry comes from the file's own metadata.
+ *  @param[in] executor A RAM executor.
+ *  @param[in] path A checkpoint written by `uform_trainer_save`.
+ *  @param[out] encoder The new handle.
+ *  @param[out] hidden The embeddings' width; may be NULL.
+ */
+uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, uform_encoder_t* encoder,
+                                  size_t* hidden, char const** error);
+
+/** @brief Embeds items as training scores them, without masking: the mean final state, unit-norm. */
+uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error);
+
+/** @brief Frees an encoder and lets go of its executor. */
+uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error);
 
 #ifdef __cplusplus
 }

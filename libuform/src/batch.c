@@ -41,7 +41,6 @@ void uform_packed_free(uform_packed_t* packed) {
 static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, char const** error) {
     if (tape->count != count) return UFORM_INVALID("%s: %zu entries for %zu items", name, tape->count, count);
     if (!tape->offsets) return UFORM_INVALID("%s: NULL offsets", name);
-    if (tape->offsets[0] != 0) return UFORM_INVALID("%s.offsets[0]: %llu, not 0", name, (unsigned long long)tape->offsets[0]);
     for (size_t i = 0; i != count; ++i)
         if (tape->offsets[i + 1] < tape->offsets[i])
             return UFORM_INVALID("%s.offsets[%zu]: %llu is below the offset before it, %llu", name, i + 1,
@@ -99,17 +98,17 @@ static int uform_compare_u32(void const* a, void const* b) {
     return (x > y) - (x < y);
 }
 
-static uform_status_t uform_batch_validate(uform_config_t const* config, uform_trainer_step_t const* step,
+/* The items themselves: how many, their modalities, their bytes. */
+static uform_status_t uform_items_validate(uform_config_t const* config, size_t count,
+                                           uform_modality_t const* modalities, uform_tape_t const* contents,
                                            char const** error) {
-    uform_trainer_init_vram_t const* c = &config->given;
-    size_t count = step->count;
     if (!count) return UFORM_INVALID("batch: no items");
-    if (count > c->batch.max_segments_per_device)
+    if (count > config->given.batch.max_segments_per_device)
         return UFORM_INVALID("batch: %zu items exceed config.batch.max_segments_per_device = %u", count,
-                             c->batch.max_segments_per_device);
-    if (!step->modalities) return UFORM_INVALID("batch.modalities: NULL");
+                             config->given.batch.max_segments_per_device);
+    if (!modalities) return UFORM_INVALID("batch.modalities: NULL");
     for (size_t i = 0; i != count; ++i) {
-        uform_modality_t modality = step->modalities[i];
+        uform_modality_t modality = modalities[i];
         if (modality == uform_modality_text_k) continue;
         if (modality >= uform_modality_image_k && modality <= uform_modality_audio_k)
             return uform_fail(error, uform_status_unsupported_k,
@@ -119,11 +118,20 @@ static uform_status_t uform_batch_validate(uform_config_t const* config, uform_t
                                                                    : "audio");
         return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", i, (int)modality);
     }
-    uform_status_t status = uform_tape_check(&step->contents, count, "batch.contents", error);
+    uform_status_t status = uform_tape_check(contents, count, "batch.contents", error);
     if (status != uform_status_success_k) return status;
     for (size_t i = 0; i != count; ++i)
-        if (step->contents.offsets[i + 1] == step->contents.offsets[i])
+        if (contents->offsets[i + 1] == contents->offsets[i])
             return UFORM_INVALID("batch.contents[%zu]: empty; every item needs at least one byte", i);
+    return uform_status_success_k;
+}
+
+static uform_status_t uform_batch_validate(uform_config_t const* config, uform_trainer_step_t const* step,
+                                           char const** error) {
+    uform_trainer_init_vram_t const* c = &config->given;
+    size_t count = step->count;
+    uform_status_t status = uform_items_validate(config, count, step->modalities, &step->contents, error);
+    if (status != uform_status_success_k) return status;
     if (step->bags) {
         uint32_t* sorted = malloc(count * sizeof(uint32_t));
         if (!sorted) return uform_fail(error, uform_status_out_of_memory_k, "no memory to count bags");
@@ -233,21 +241,16 @@ static void uform_cells_fill(uform_packed_t* packed, uform_config_t const* confi
     }
 }
 
-uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
-                                uform_trainer_step_t const* step, uint64_t step_number, char const** error) {
-    if (!step) return UFORM_INVALID("batch: NULL");
-    uform_status_t status = uform_batch_validate(config, step, error);
-    if (status != uform_status_success_k) return status;
-
+/* Cuts items to a row and packs them first-fit into rows, in item order. */
+static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
+                                      uform_tape_t const* contents, uint32_t const* groups, char const** error) {
     uform_batch_shape_t const* shape = &config->given.batch;
-    size_t count = step->count;
-    uint8_t const* bytes = (uint8_t const*)step->contents.data;
+    uint8_t const* bytes = (uint8_t const*)contents->data;
     packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = 0;
     packed->segments_count = count;
     for (size_t i = 0; i != count; ++i) {
-        uint64_t begin = step->contents.offsets[i], length = step->contents.offsets[i + 1] - begin;
+        uint64_t begin = contents->offsets[i], length = contents->offsets[i + 1] - begin;
         if (length > shape->max_columns_per_row) length = shape->max_columns_per_row, ++packed->truncated;
-        /* First fit: the first row with room, else a new one. */
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
@@ -268,11 +271,29 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
             packed->positions[packed->tokens_count + p] = p;
         }
         packed->tokens_count += length;
-        packed->groups[i] = step->temperature_groups ? step->temperature_groups[i] : 0;
+        packed->groups[i] = groups ? groups[i] : 0;
     }
+    return uform_status_success_k;
+}
+
+uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
+                                uform_trainer_step_t const* step, uint64_t step_number, char const** error) {
+    if (!step) return UFORM_INVALID("batch: NULL");
+    uform_status_t status = uform_batch_validate(config, step, error);
+    if (status == uform_status_success_k)
+        status = uform_pack_rows(packed, config, step->count, &step->contents, step->temperature_groups, error);
+    if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
-        for (size_t i = 0; i != count; ++i)
+        for (size_t i = 0; i != step->count; ++i)
             uform_mask_text(packed, config, step_number, i, packed->segments[i].start, packed->segments[i].length);
     if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
     return uform_status_success_k;
+}
+
+uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
+                                      uform_modality_t const* modalities, uform_tape_t const* contents,
+                                      char const** error) {
+    uform_status_t status = uform_items_validate(config, contents->count, modalities, contents, error);
+    if (status != uform_status_success_k) return status;
+    return uform_pack_rows(packed, config, contents->count, contents, NULL, error);
 }

@@ -377,15 +377,16 @@ static uform_status_t uform_geometry_check(uform_header_t const* header, uform_l
     return uform_status_success_k;
 }
 
-uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
-                                     float* second, uint64_t* step, char const** error) {
+/* Opens a checkpoint and parses its header; on success the caller owns `*file` and `header->entries`. */
+static uform_status_t uform_checkpoint_open(char const* path, FILE** opened, uform_header_t* header,
+                                            uint64_t* data_start, uint64_t* data_size, char const** error) {
     FILE* file = fopen(path, "rb");
     if (!file) return uform_fail(error, uform_status_io_k, "resume: cannot open %s: %s", path, strerror(errno));
     uform_status_t status = uform_status_success_k;
-    uform_header_t header = {0};
     char* text = NULL;
     struct stat info;
     unsigned char length_bytes[8];
+    memset(header, 0, sizeof(*header));
     if (fstat(fileno(file), &info) != 0 || fread(length_bytes, 1, 8, file) != 8) {
         status = UFORM_BAD("resume: %s is shorter than a safetensors header", path);
         goto done;
@@ -408,22 +409,55 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
         goto done;
     }
     uform_json_t json = {text, text + header_length};
-    if (!uform_header_parse(&json, &header)) {
+    if (!uform_header_parse(&json, header)) {
         status = UFORM_BAD("resume: %s has a malformed header near byte %zu", path, (size_t)(json.at - text) + 8);
         goto done;
     }
-    if (strcmp(header.format, UFORM_FORMAT)) {
-        status = UFORM_BAD("resume: %s has format \"%s\", not \"" UFORM_FORMAT "\"", path, header.format);
+    if (strcmp(header->format, UFORM_FORMAT)) {
+        status = UFORM_BAD("resume: %s has format \"%s\", not \"" UFORM_FORMAT "\"", path, header->format);
         goto done;
     }
-    if (!header.has_step) {
-        status = UFORM_BAD("resume: %s lacks its step in the metadata", path);
-        goto done;
-    }
+    if (!header->has_step) status = UFORM_BAD("resume: %s lacks its step in the metadata", path);
+    *data_start = 8 + header_length, *data_size = file_size - 8 - header_length;
+done:
+    free(text);
+    if (status != uform_status_success_k) {
+        free(header->entries);
+        header->entries = NULL;
+        fclose(file);
+    } else
+        *opened = file;
+    return status;
+}
+
+uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error) {
+    FILE* file;
+    uform_header_t header;
+    uint64_t data_start, data_size;
+    uform_status_t status = uform_checkpoint_open(path, &file, &header, &data_start, &data_size, error);
+    if (status != uform_status_success_k) return status;
+    config->depth = (uint32_t)uform_config_number(header.config, "depth");
+    config->hidden = (uint32_t)uform_config_number(header.config, "hidden");
+    config->contrastive.temperature_groups = (uint32_t)uform_config_number(header.config, "temperature_groups");
+    config->batch.max_rows_per_device = (uint32_t)uform_config_number(header.config, "max_rows_per_device");
+    config->batch.max_columns_per_row = (uint32_t)uform_config_number(header.config, "max_columns_per_row");
+    config->batch.max_segments_per_device = (uint32_t)uform_config_number(header.config, "max_segments_per_device");
+    free(header.entries);
+    fclose(file);
+    if (!config->depth || !config->hidden)
+        return UFORM_BAD("path: %s lacks depth and hidden in its metadata's config", path);
+    return uform_status_success_k;
+}
+
+uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
+                                     float* second, uint64_t* step, char const** error) {
+    FILE* file;
+    uform_header_t header;
+    uint64_t data_start, data_size;
+    uform_status_t status = uform_checkpoint_open(path, &file, &header, &data_start, &data_size, error);
+    if (status != uform_status_success_k) return status;
     status = uform_geometry_check(&header, layout, error);
     if (status != uform_status_success_k) goto done;
-
-    uint64_t data_size = file_size - 8 - header_length;
     float* families[3] = {weights, first, second};
     for (int family = 0; family != 3; ++family)
         for (size_t i = 0; i != layout->count; ++i) {
@@ -453,7 +487,7 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
                                    (unsigned long long)data_size);
                 goto done;
             }
-            if (fseeko(file, (off_t)(8 + header_length + entry->begin), SEEK_SET) != 0 ||
+            if (fseeko(file, (off_t)(data_start + entry->begin), SEEK_SET) != 0 ||
                 fread(families[family] + tensor->offset, 1, uform_tensor_bytes(tensor), file) !=
                     uform_tensor_bytes(tensor)) {
                 status = UFORM_BAD("resume: %s ends inside %s", path, name);
@@ -463,7 +497,6 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
     *step = header.step;
 done:
     free(header.entries);
-    free(text);
     fclose(file);
     return status;
 }

@@ -19,6 +19,7 @@ typedef enum uform_handle_kind_t {
     uform_handle_executor_k = 1,
     uform_handle_mesh_k = 2,
     uform_handle_trainer_k = 3,
+    uform_handle_encoder_k = 4,
 } uform_handle_kind_t;
 
 /** Every handle starts with this, so the table of live handles can say what it points to. */
@@ -103,6 +104,10 @@ void uform_packed_free(uform_packed_t* packed);
  */
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
                                 uform_trainer_step_t const* step, uint64_t step_number, char const** error);
+/** Packs `count` items of a tape already validated, without masking, as inference reads them. */
+uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
+                                      uform_modality_t const* modalities, uform_tape_t const* contents,
+                                      char const** error);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  The model on one device                                                                        */
@@ -161,6 +166,9 @@ typedef struct uform_losses_t {
     double total, masked, contrastive;
 } uform_losses_t;
 
+/** Uploads a packed batch, runs the forward pass and pools each item's final states. */
+void uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
+
 /** Uploads a packed batch, then runs forward, losses and backward: gradients are overwritten. */
 void uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout, uform_config_t const* config,
                            uform_packed_t const* packed, uform_losses_t* losses);
@@ -176,5 +184,11 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
 /** Reads a checkpoint written for `layout`; refuses other geometries by name. */
 uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
                                      float* second, uint64_t* step, char const** error);
+
+/** Reads the geometry a checkpoint was trained with out of its metadata. */
+uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error);
+
+/** Unmasked pooled embeddings of `count` items from `first` on, packed to fit, landed in `out`. */
+uform_status_t uform_trainer_embed(uform_trainer_t trainer, uform_encoder_embed_t* embed, char const** error);
 
 #endif /* UFORM_CORE_H_ */

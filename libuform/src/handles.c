@@ -16,6 +16,7 @@ static char const* uform_kind_name(uform_handle_kind_t kind) {
     case uform_handle_executor_k: return "an executor";
     case uform_handle_mesh_k: return "a mesh";
     case uform_handle_trainer_k: return "a trainer";
+    case uform_handle_encoder_k: return "an encoder";
     }
     return "a handle";
 }

@@ -221,6 +221,13 @@ static void uform_model_backward(uform_replica_t* r, uform_layout_t const* layou
     b->embedding_backward(x, g + t[layout->embedding].offset, r->d_stream, r->ids, tokens, h, uform_vocabulary_k);
 }
 
+void uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed) {
+    uform_model_upload(replica, packed, 0);
+    uform_model_forward(replica, layout, packed);
+    replica->backend->pool_forward(replica->context, replica->pooled, replica->final, replica->segments,
+                                   packed->segments_count, layout->hidden);
+}
+
 void uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout, uform_config_t const* config,
                            uform_packed_t const* packed, uform_losses_t* losses) {
     int contrastive = config->given.objective != uform_objective_masked_k;

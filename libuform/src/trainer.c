@@ -175,33 +175,38 @@ static uint16_t uform_f32_to_bf16(float value) {
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
-/* Lands the step's unit-norm embeddings in the caller's memory as the scalar asked for. */
-static void uform_embeddings_export(uform_trainer_s* trainer, uform_trainer_step_t* step) {
-    uform_replica_t const* replica = &trainer->replica;
-    size_t items = trainer->packed.segments_count, h = trainer->layout.hidden, count = items * h;
+/* Lands `items` embeddings from the device in the caller's memory as the scalar asked for, normalizing
+   them on the way when the backend left raw means. */
+static uform_status_t uform_embeddings_export(uform_replica_t const* replica, float const* source, size_t items,
+                                              size_t hidden, int normalize, void* out, uform_scalar_t scalar,
+                                              char const** error) {
+    size_t count = items * hidden;
     float* values = malloc(count * sizeof(float));
-    if (!values) return;
-    int normalized = trainer->config.given.objective != uform_objective_masked_k;
-    replica->backend->download(replica->context, values, normalized ? replica->normalized : replica->pooled,
-                               count * sizeof(float));
-    if (!normalized)
+    if (!values) return uform_fail(error, uform_status_out_of_memory_k, "no memory to export %zu embeddings", items);
+    replica->backend->download(replica->context, values, source, count * sizeof(float));
+    if (normalize)
         for (size_t i = 0; i != items; ++i) {
             double norm = 0;
-            for (size_t k = 0; k != h; ++k) norm += (double)values[i * h + k] * values[i * h + k];
+            for (size_t k = 0; k != hidden; ++k) norm += (double)values[i * hidden + k] * values[i * hidden + k];
             float scale = norm > 0 ? (float)(1 / sqrt(norm)) : 0;
-            for (size_t k = 0; k != h; ++k) values[i * h + k] *= scale;
+            for (size_t k = 0; k != hidden; ++k) values[i * hidden + k] *= scale;
         }
-    for (size_t i = 0; i != count; ++i) switch (step->embeddings_scalar) {
-        case uform_scalar_f32_k: ((float*)step->embeddings)[i] = values[i]; break;
-        case uform_scalar_f16_k: ((uint16_t*)step->embeddings)[i] = uform_f32_to_f16(values[i]); break;
-        case uform_scalar_bf16_k: ((uint16_t*)step->embeddings)[i] = uform_f32_to_bf16(values[i]); break;
+    for (size_t i = 0; i != count; ++i) switch (scalar) {
+        case uform_scalar_f32_k: ((float*)out)[i] = values[i]; break;
+        case uform_scalar_f16_k: ((uint16_t*)out)[i] = uform_f32_to_f16(values[i]); break;
+        case uform_scalar_bf16_k: ((uint16_t*)out)[i] = uform_f32_to_bf16(values[i]); break;
         case uform_scalar_i8_k: {
             float scaled = roundf(values[i] * 127.0f);
-            ((int8_t*)step->embeddings)[i] = (int8_t)(scaled > 127 ? 127 : scaled < -127 ? -127 : scaled);
+            ((int8_t*)out)[i] = (int8_t)(scaled > 127 ? 127 : scaled < -127 ? -127 : scaled);
             break;
         }
         }
     free(values);
+    return uform_status_success_k;
+}
+
+static size_t uform_scalar_bytes(uform_scalar_t scalar) {
+    return scalar == uform_scalar_f32_k ? 4 : scalar == uform_scalar_i8_k ? 1 : 2;
 }
 
 /* Validates, packs and runs the passes; `update` decides whether the optimizer applies them. */
@@ -221,7 +226,13 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     uform_backend_t const* backend = replica->backend;
     uform_model_gradients(replica, layout, &trainer->config, &trainer->packed, &losses);
     uform_stats_fill(trainer, &step->stats, &losses);
-    if (step->embeddings) uform_embeddings_export(trainer, step);
+    if (step->embeddings) {
+        int contrastive = trainer->config.given.objective != uform_objective_masked_k;
+        status = uform_embeddings_export(replica, contrastive ? replica->normalized : replica->pooled,
+                                         trainer->packed.segments_count, layout->hidden, !contrastive,
+                                         step->embeddings, step->embeddings_scalar, error);
+        if (status != uform_status_success_k) return status;
+    }
 
     double norm = sqrt(backend->sum_squares(replica->context, replica->gradients, layout->total));
     float rate = uform_schedule_rate(&trainer->config.given.schedule, next);
@@ -230,8 +241,8 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     step->stats.step = trainer->step;
     if (!update) return uform_status_success_k;
     /* A poisoned step changes nothing, so the next good batch trains as if this one never came. */
-    if (!isfinite(norm) || (!isnan(losses.total) && !isfinite(losses.total)) ||
-        (isnan(losses.total) && (!isnan(losses.masked) || !isnan(losses.contrastive)))) {
+    int ran = !isnan(losses.masked) || !isnan(losses.contrastive);
+    if (!isfinite(norm) || (ran && !isfinite(step->stats.loss))) {
         step->stats.skipped = 1;
         return uform_status_success_k;
     }
@@ -301,6 +312,44 @@ uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char
         status = uform_checkpoint_save(path, &trainer->layout, host, host + total, host + 2 * total, trainer->step,
                                        trainer->config_json, error);
         free(host);
+    }
+    uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_embed(uform_trainer_t handle, uform_encoder_embed_t* embed, char const** error) {
+    if (!embed) return uform_fail(error, uform_status_invalid_argument_k, "embed: NULL");
+    if ((unsigned)embed->embeddings_scalar > uform_scalar_i8_k)
+        return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings_scalar: %d is not a scalar type",
+                          (int)embed->embeddings_scalar);
+    if (!embed->embeddings) return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings: NULL");
+    if (!embed->modalities || !embed->contents.offsets || embed->contents.count != embed->count)
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "embed: needs %zu modalities and a tape of as many contents", embed->count);
+    uform_status_t status = uform_trainer_enter(handle, error);
+    if (status != uform_status_success_k) return status;
+    uform_trainer_s* trainer = handle;
+    uform_batch_shape_t const* shape = &trainer->config.given.batch;
+    size_t hidden = trainer->layout.hidden, count = embed->count;
+    /* First fit never leaves two rows half empty, so items filling at most half the rows always fit. */
+    uint64_t budget = (uint64_t)shape->max_rows_per_device * shape->max_columns_per_row / 2;
+    for (size_t first = 0; first < count && status == uform_status_success_k;) {
+        size_t chunk = 0;
+        uint64_t tokens = 0;
+        while (first + chunk < count && chunk < shape->max_segments_per_device) {
+            uint64_t length = embed->contents.offsets[first + chunk + 1] - embed->contents.offsets[first + chunk];
+            if (length > shape->max_columns_per_row) length = shape->max_columns_per_row;
+            if (chunk && tokens + length > budget) break;
+            tokens += length, ++chunk;
+        }
+        uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk};
+        status = uform_batch_pack_plain(&trainer->packed, &trainer->config, embed->modalities + first, &part, error);
+        if (status != uform_status_success_k) break;
+        uform_model_embed(&trainer->replica, &trainer->layout, &trainer->packed);
+        status = uform_embeddings_export(&trainer->replica, trainer->replica.pooled, chunk, hidden, 1,
+                                         (char*)embed->embeddings + first * hidden * uform_scalar_bytes(embed->embeddings_scalar),
+                                         embed->embeddings_scalar, error);
+        first += chunk;
     }
     uform_trainer_leave(trainer);
     return status;

@@ -1,0 +1,240 @@
+"""An independent float64 numpy model of what uform computes (docs/model.md, SPEC §4–§5).
+
+Written from the documents, not from the C code: the tests hold the C library to it. It reads the
+weights by their checkpoint names, packs nothing (attention per item is the same computation),
+and redraws the masking from the documented keyed draws.
+"""
+import math
+
+import numpy as np
+
+MASK_ID = 256
+M64 = (1 << 64) - 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Keyed draws
+# ------------------------------------------------------------------------------------------------
+
+def mix(x):
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def key(seed, stream, step, item, index):
+    return mix(mix(mix(mix(mix(seed) ^ stream) ^ step) ^ item) ^ index)
+
+
+def uniform(k):
+    return np.float32((k >> 40) * (1.0 / 16777216.0))
+
+
+SPAN, CORRUPT, BYTE = 2, 3, 4
+
+
+def mask_item(data, seed, step, item, probability=0.15, mean_span=3.0, replace=0.8, random=0.1):
+    """Returns (ids the model sees, chosen positions) for one text item."""
+    ids = list(data)
+    chosen = []
+    start_probability = np.float32(np.float32(probability) / np.float32(mean_span))
+    continue_log = math.log(1.0 - 1.0 / mean_span) if mean_span > 1 else 0.0
+    left = 0
+    for p in range(len(data)):
+        k = key(seed, SPAN, step, item, p)
+        if not left and uniform(k) < start_probability:
+            u = ((k & 0xFFFFFF) + 1.0) / 16777217.0
+            left = 1 + int(min(math.floor(math.log(u) / continue_log), 1e6)) if mean_span > 1 else 1
+        if not left:
+            continue
+        left -= 1
+        chosen.append(p)
+        draw = uniform(key(seed, CORRUPT, step, item, p))
+        if draw < np.float32(replace):
+            ids[p] = MASK_ID
+        elif draw < np.float32(replace) + np.float32(random):
+            ids[p] = key(seed, BYTE, step, item, p) >> 56
+    return ids, chosen
+
+
+# ------------------------------------------------------------------------------------------------
+# The encoder
+# ------------------------------------------------------------------------------------------------
+
+def rmsnorm(x, gain):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * gain
+
+
+def rope(x, positions):
+    """x: (tokens, heads, 64), rotated per interleaved pair."""
+    i = np.arange(32)
+    angles = positions[:, None] * 10000.0 ** (-2.0 * i / 64)
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * cos - x1 * sin
+    out[..., 1::2] = x0 * sin + x1 * cos
+    return out
+
+
+def gelu(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def encode(weights, ids, depth):
+    """Final-norm states (tokens, hidden) of one item."""
+    x = weights["text.embedding"][np.asarray(ids)]
+    tokens, hidden = x.shape
+    heads = hidden // 64
+    positions = np.arange(tokens, dtype=np.float64)
+    for l in range(depth):
+        b = f"blocks.{l}."
+        n = rmsnorm(x, weights[b + "attention_norm"])
+        q, k, v = np.split(n @ weights[b + "qkv"].T, 3, axis=-1)
+        q = rope(q.reshape(tokens, heads, 64), positions)
+        k = rope(k.reshape(tokens, heads, 64), positions)
+        v = v.reshape(tokens, heads, 64)
+        scores = np.einsum("thd,shd->hts", q, k) / 8.0
+        scores -= scores.max(-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(-1, keepdims=True)
+        a = np.einsum("hts,shd->thd", p, v).reshape(tokens, hidden)
+        x = x + a @ weights[b + "out"].T
+        n = rmsnorm(x, weights[b + "mlp_norm"])
+        x = x + gelu(n @ weights[b + "up"].T) @ weights[b + "down"].T
+    return rmsnorm(x, weights["final_norm"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses
+# ------------------------------------------------------------------------------------------------
+
+def softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def cells_of(count, relations, negatives="ambient", ambient_weight=1.0):
+    """(labels, weights): labels +1 attract, -1 repel or ambient, 0 ignored."""
+    labels = np.zeros((count, count))
+    weights = np.zeros((count, count))
+    if negatives == "ambient":
+        labels[:] = -1
+        weights[:] = ambient_weight
+    np.fill_diagonal(labels, 0)
+    np.fill_diagonal(weights, 0)
+    for name, label in (("attract", 1), ("repel", -1), ("ignore", 0)):
+        edges = relations.get(name)
+        if edges is None:
+            continue
+        offsets, ids = edges["offsets"], edges["ids"]
+        edge_weights = edges.get("weights")
+        for i in range(count):
+            for e in range(offsets[i], offsets[i + 1]):
+                labels[i, ids[e]] = label
+                weights[i, ids[e]] = 0.0 if label == 0 else (1.0 if edge_weights is None else edge_weights[e])
+    return labels, weights
+
+
+def pair_losses(scores, labels, weights, form):
+    """Per-row losses and which rows count, for one score matrix (SPEC §5)."""
+    rows = []
+    counted = []
+    for s, y, w in zip(scores, labels, weights):
+        attract, repel = (y > 0), (y < 0)
+        wa, wr = w * attract, w * repel
+        if form == "sigmoid":
+            total = wa.sum() + wr.sum()
+            rows.append((wa * softplus(-s)).sum() + (wr * softplus(s)).sum())
+            counted.append(total > 0)
+        elif form == "balanced":
+            loss = 0.0
+            if wa.sum() > 0:
+                loss += (wa * softplus(-s)).sum() / wa.sum()
+            if wr.sum() > 0:
+                loss += (wr * softplus(s)).sum() / wr.sum()
+            rows.append(loss)
+            counted.append(wa.sum() > 0 or wr.sum() > 0)
+        elif form == "ranked":
+            if wa.sum() > 0 and wr.sum() > 0:
+                pairwise = softplus(-(s[:, None] - s[None, :]))  # [p, n]
+                rows.append((wa[:, None] * wr[None, :] * pairwise).sum() / (wa.sum() * wr.sum()))
+                counted.append(True)
+            else:
+                rows.append(0.0)
+                counted.append(False)
+        else:
+            raise ValueError(form)
+    return np.array(rows), np.array(counted, dtype=bool)
+
+
+def contrastive_loss(pooled, groups, log_t, bias, labels, weights, form="sigmoid", dimensions=None):
+    """The contrastive term over raw mean-pooled embeddings (items, hidden)."""
+    dimensions = dimensions or [pooled.shape[1]]
+    per_dimension = []
+    for m in dimensions:
+        z = pooled[:, :m] / np.linalg.norm(pooled[:, :m], axis=1, keepdims=True)
+        t = np.exp(log_t[groups])[:, None]
+        scores = t * (z @ z.T) + bias[groups][:, None]
+        rows, counted = pair_losses(scores, labels, weights, form)
+        if counted.any():
+            per_dimension.append(rows[counted].mean())
+    return float(np.mean(per_dimension)) if per_dimension else float("nan")
+
+
+def cross_entropy(logits, targets):
+    logits = logits - logits.max(-1, keepdims=True)
+    log_probabilities = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return float(-log_probabilities[np.arange(len(targets)), targets].mean())
+
+
+def step_losses(weights, items, *, depth, objective, seed, step, relations=None, groups=None, form="sigmoid",
+                dimensions=None, negatives="ambient", ambient_weight=1.0, masking=None, text_weight=1.0):
+    """(total, masked, contrastive) of one step over byte-string items, as uform defines them."""
+    masking = masking or {}
+    states, pooled, decoded, targets = [], [], [], []
+    for i, data in enumerate(items):
+        if objective == "contrastive":
+            ids, chosen = list(data), []
+        else:
+            ids, chosen = mask_item(data, seed, step, i, **masking)
+        final = encode(weights, ids, depth)
+        states.append(final)
+        pooled.append(final.mean(0))
+        for p in chosen:
+            decoded.append(final[p])
+            targets.append(data[p])
+    masked = float("nan")
+    if objective != "contrastive" and targets:
+        masked = cross_entropy(np.array(decoded) @ weights["text.decoder"].T, np.array(targets))
+    contrastive = float("nan")
+    if objective != "masked":
+        labels, cell_weights = cells_of(len(items), relations or {}, negatives, ambient_weight)
+        groups = np.zeros(len(items), dtype=int) if groups is None else np.asarray(groups)
+        contrastive = contrastive_loss(np.array(pooled), groups, weights["contrastive.log_inverse_temperature"],
+                                       weights["contrastive.bias"], labels, cell_weights, form, dimensions)
+    parts = []
+    if not math.isnan(masked):
+        parts.append(text_weight * masked)
+    if not math.isnan(contrastive):
+        parts.append(contrastive)
+    return (sum(parts) if parts else float("nan")), masked, contrastive
+
+
+def tensor_names(depth):
+    """Every weight's name in checkpoint order (docs/model.md)."""
+    names = ["text.embedding"]
+    for l in range(depth):
+        names += [f"blocks.{l}.{part}" for part in ("attention_norm", "qkv", "out", "mlp_norm", "up", "down")]
+    return names + ["final_norm", "text.decoder", "contrastive.log_inverse_temperature", "contrastive.bias"]
+
+
+def unflatten(flat, checkpoint, depth):
+    """Splits the trainer's flat buffer (16-float aligned tensors, checkpoint order) into named float64 arrays."""
+    tensors, offset = {}, 0
+    for name in tensor_names(depth):
+        shape = checkpoint[name].shape
+        size = int(np.prod(shape))
+        tensors[name] = flat[offset:offset + size].reshape(shape).astype(np.float64)
+        offset += (size + 15) // 16 * 16
+    return tensors

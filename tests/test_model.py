@@ -1,0 +1,295 @@
+"""The CPU backend against the independent float64 model in `reference.py`: loss values, gradients of
+every tensor by finite differences, the losses recomputed from returned embeddings, exact resume,
+checkpoints, bad input and poisoned steps."""
+import math
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import uform
+from reference import cells_of, contrastive_loss, step_losses, tensor_names, unflatten
+
+ITEMS = [b"a small red panda", b"red pandas eat bamboo", b"the sun is a star", b"stars shine at night",
+         b"def f(x): return x", b"ok"]
+RELATIONS = dict(
+    attract=dict(offsets=[0, 1, 2, 3, 4, 4, 4], ids=[1, 0, 3, 2]),
+    repel=dict(offsets=[0, 0, 0, 1, 1, 2, 2], ids=[0, 1], weights=[0.5, 2.0]),
+    ignore=dict(offsets=[0, 0, 0, 0, 0, 0, 1], ids=[4]),
+)
+GROUPS = [0, 1, 0, 1, 0, 1]
+DEPTH = 2
+
+
+def config(objective="joint", form=uform.PairLossForm.SIGMOID, dimensions=None, **extra):
+    contrastive = dict(pair_loss=form, temperature_groups=2, matryoshka_dimensions=dimensions)
+    contrastive.update(extra.pop("contrastive", {}))
+    return dict(depth=DEPTH, hidden=128, objective=objective, seed=5, schedule=dict(steps=20, warmup_steps=2),
+                batch=dict(max_rows_per_device=4, max_columns_per_row=32, max_segments_per_device=16),
+                contrastive=contrastive, **extra)
+
+
+def batch(items=ITEMS, relations=RELATIONS, groups=GROUPS):
+    return dict(modalities=[uform.Modality.TEXT] * len(items), contents=list(items), relations=relations,
+                temperature_groups=groups)
+
+
+@pytest.fixture
+def executor():
+    with uform.Executor.for_ram(threads=2) as executor:
+        yield executor
+
+
+def named_weights(trainer, tmp_path, flat):
+    path = str(tmp_path / "layout.safetensors")
+    trainer.save(path)
+    return unflatten(flat, safetensors.numpy.load_file(path), DEPTH)
+
+
+FORMS = {uform.PairLossForm.SIGMOID: "sigmoid", uform.PairLossForm.BALANCED: "balanced",
+         uform.PairLossForm.RANKED: "ranked"}
+CASES = [
+    ("masked", uform.PairLossForm.SIGMOID, None),
+    ("contrastive", uform.PairLossForm.SIGMOID, [64, 128]),
+    ("contrastive", uform.PairLossForm.BALANCED, None),
+    ("contrastive", uform.PairLossForm.RANKED, [128, 64]),
+    ("joint", uform.PairLossForm.SIGMOID, [64, 128]),
+]
+
+
+@pytest.mark.parametrize("objective,form,dimensions", CASES)
+def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_path, objective, form, dimensions):
+    with uform.Trainer.init_ram(executor, config(objective, form, dimensions)) as trainer:
+        for _ in range(2):  # leave the initial point, so moments and weights are not special
+            trainer.step(batch())
+        weights = named_weights(trainer, tmp_path, trainer._weights())
+        stats, flat_gradients = trainer._probe(batch())
+        gradients = named_weights(trainer, tmp_path, flat_gradients)
+
+    def loss(w):
+        return step_losses(w, ITEMS, depth=DEPTH, objective=objective, seed=5, step=3, relations=RELATIONS,
+                           groups=GROUPS, form=FORMS[form], dimensions=dimensions)
+
+    total, masked, contrastive = loss(weights)
+    assert stats.loss == pytest.approx(total, rel=2e-4)
+    if objective != "contrastive":
+        assert stats.masked_loss == pytest.approx(masked, rel=2e-4)
+    else:
+        assert math.isnan(stats.masked_loss)
+    if objective != "masked":
+        assert stats.contrastive_loss == pytest.approx(contrastive, rel=2e-4)
+    else:
+        assert math.isnan(stats.contrastive_loss)
+
+    rng = np.random.default_rng(1)
+    checked = 0
+    for name in tensor_names(DEPTH):
+        direction = rng.standard_normal(weights[name].shape)
+        epsilon = 1e-5
+        plus, minus = dict(weights), dict(weights)
+        plus[name] = weights[name] + epsilon * direction
+        minus[name] = weights[name] - epsilon * direction
+        numeric = (loss(plus)[0] - loss(minus)[0]) / (2 * epsilon)
+        terms = gradients[name] * direction
+        analytic = terms.sum()
+        # float32 gradients against float64 differences: the error scales with the terms' magnitude
+        tolerance = 2e-3 * abs(numeric) + 2e-3 * np.sqrt((terms**2).sum()) + 1e-7
+        assert abs(analytic - numeric) <= tolerance, (name, analytic, numeric)
+        checked += abs(numeric) > 1e-6
+    assert checked >= 5  # the directions really moved the loss
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_contrastive_loss_recomputes_from_returned_embeddings(executor, form):
+    arena = uform.Arena()
+    with uform.Trainer.init_ram(executor, config("contrastive", form, [32, 128])) as trainer:
+        trainer.step(batch())
+        stepped = trainer.step(batch(), dict(arena=arena))
+    z = np.asarray(stepped.embeddings, dtype=np.float64)
+    assert z.shape == (len(ITEMS), 128)
+    np.testing.assert_allclose(np.linalg.norm(z, axis=1), 1, rtol=1e-5)
+    labels, weights = cells_of(len(ITEMS), RELATIONS)
+    log_t = np.log(np.array(stepped.stats.inverse_temperatures, dtype=np.float64))
+    bias = np.array(stepped.stats.biases, dtype=np.float64)
+    expected = contrastive_loss(z, np.array(GROUPS), log_t, bias, labels, weights, FORMS[form], [32, 128])
+    assert stepped.stats.contrastive_loss == pytest.approx(expected, rel=1e-4)
+
+
+def test_temperatures_and_biases_are_learned_per_group(executor):
+    with uform.Trainer.init_ram(executor, config("contrastive")) as trainer:
+        first = trainer.step(batch()).stats
+        assert first.inverse_temperatures == pytest.approx([10, 10]) and first.biases == pytest.approx([-10, -10])
+        later = [trainer.step(batch()).stats for _ in range(3)][-1]
+    assert later.inverse_temperatures != first.inverse_temperatures
+    assert later.biases[0] != later.biases[1]  # each group follows its own gradient
+
+
+def run(executor, steps, batches, **extra):
+    losses = []
+    with uform.Trainer.init_ram(executor, config(**extra)) as trainer:
+        for b in batches[:steps]:
+            losses.append(trainer.step(b).stats.loss)
+        return losses, trainer._weights()
+
+
+def shuffled_batches(count):
+    rng = np.random.default_rng(3)
+    batches = []
+    for _ in range(count):
+        order = rng.permutation(len(ITEMS))
+        batches.append(batch(items=[ITEMS[i] for i in order], relations=None, groups=None))
+    return batches
+
+
+def test_resume_is_bitwise_exact(executor, tmp_path):
+    batches = shuffled_batches(6)
+    straight = str(tmp_path / "straight.safetensors")
+    with uform.Trainer.init_ram(executor, config()) as trainer:
+        losses = [trainer.step(b).stats.loss for b in batches]
+        trainer.save(straight)
+    half = str(tmp_path / "half.safetensors")
+    with uform.Trainer.init_ram(executor, config()) as trainer:
+        resumed = [trainer.step(b).stats.loss for b in batches[:3]]
+        trainer.save(half)
+    resumed_path = str(tmp_path / "resumed.safetensors")
+    with uform.Trainer.init_ram(executor, config(resume=half)) as trainer:
+        steps = [trainer.step(b).stats for b in batches[3:]]
+        trainer.save(resumed_path)
+    resumed += [s.loss for s in steps]
+    assert [s.step for s in steps] == [4, 5, 6]
+    assert resumed == losses  # bit for bit
+    a, b = safetensors.numpy.load_file(straight), safetensors.numpy.load_file(resumed_path)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+def test_checkpoint_reads_with_safetensors(executor, tmp_path):
+    path = str(tmp_path / "run.safetensors")
+    with uform.Trainer.init_ram(executor, config()) as trainer:
+        trainer.step(batch())
+        trainer.save(path)
+    tensors = safetensors.numpy.load_file(path)
+    names = tensor_names(DEPTH)
+    assert set(tensors) == set(names) | {f"adamw.{m}.{n}" for m in ("first", "second") for n in names}
+    assert tensors["blocks.0.qkv"].shape == (384, 128) and tensors["blocks.1.down"].shape == (128, 512)
+    assert tensors["text.embedding"].shape == (260, 128) and tensors["contrastive.bias"].shape == (2,)
+    assert all(t.dtype == np.float32 for t in tensors.values())
+    assert np.abs(tensors["adamw.second.blocks.0.up"]).sum() > 0
+    with safetensors.safe_open(path, "np") as f:
+        metadata = f.metadata()
+    assert metadata["format"] == "uform/1" and metadata["step"] == "1" and '"hidden": 128' in metadata["config"]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_resume_refuses_another_geometry(executor, tmp_path):
+    path = str(tmp_path / "run.safetensors")
+    with uform.Trainer.init_ram(executor, config()) as trainer:
+        trainer.save(path)
+    wider = config(resume=path)
+    wider["hidden"] = 256
+    with pytest.raises(uform.InvalidCheckpoint, match="hidden"):
+        uform.Trainer.init_ram(executor, wider)
+    deeper = config(resume=path)
+    deeper["depth"] = 3
+    with pytest.raises(uform.InvalidCheckpoint, match="depth"):
+        uform.Trainer.init_ram(executor, deeper)
+    with pytest.raises(uform.StorageError, match="missing.safetensors"):
+        uform.Trainer.init_ram(executor, config(resume=str(tmp_path / "missing.safetensors")))
+
+
+def edges(offsets, ids, weights=None):
+    return dict(offsets=offsets, ids=ids, weights=weights)
+
+
+BAD_BATCHES = [
+    ("offsets too short", dict(relations=dict(attract=edges([0, 1], [1]))), "attract.offsets"),
+    ("offsets decrease", dict(relations=dict(attract=edges([0, 2, 1, 2, 2, 2, 2], [1, 2]))), "attract.offsets"),
+    ("id out of range", dict(relations=dict(attract=edges([0, 1, 1, 1, 1, 1, 1], [9]))), "attract.ids"),
+    ("ids not ascending", dict(relations=dict(repel=edges([0, 2, 2, 2, 2, 2, 2], [3, 1]))), "repel.ids"),
+    ("negative weight", dict(relations=dict(repel=edges([0, 1, 1, 1, 1, 1, 1], [2], [-1.0]))), "repel.weights"),
+    ("nan weight", dict(relations=dict(repel=edges([0, 1, 1, 1, 1, 1, 1], [2], [float("nan")]))), "repel.weights"),
+    ("self attract", dict(relations=dict(attract=edges([0, 1, 1, 1, 1, 1, 1], [0]))), "attract.ids"),
+    ("attract and repel", dict(relations=dict(attract=edges([0, 1, 1, 1, 1, 1, 1], [3]),
+                                              repel=edges([0, 1, 1, 1, 1, 1, 1], [3]))), "relations"),
+    ("weights length", dict(relations=dict(attract=edges([0, 1, 1, 1, 1, 1, 1], [3], [1.0, 2.0]))), "weights"),
+    ("modalities length", dict(modalities=[uform.Modality.TEXT] * 5), "modalities"),
+    ("unknown modality", dict(modalities=["smell"] * 6), "modalit"),
+    ("empty item", dict(contents=ITEMS[:5] + [b""]), "contents"),
+    ("group out of range", dict(temperature_groups=[0, 1, 2, 0, 1, 0]), "temperature_groups"),
+    ("too many items", dict(contents=ITEMS * 3, modalities=[uform.Modality.TEXT] * 18, temperature_groups=None,
+                            relations=None), "max_segments_per_device"),
+    ("too many rows", dict(contents=[b"x" * 40] * 6, relations=None), "max_rows_per_device"),
+    ("sides without late interaction", dict(sides=[uform.LateInteractionSide.QUERY] * 6), "sides"),
+    ("choices without the term", dict(choices=["yn"] * 6, choice_targets=[np.array([0.5, 0.5], np.float32)] * 6),
+     "choice"),
+]
+
+
+def test_bad_batches_are_refused_by_name_and_change_nothing(executor):
+    good = shuffled_batches(3)
+    clean_losses, clean_weights = run(executor, 3, good)
+    with uform.Trainer.init_ram(executor, config()) as trainer:
+        losses = []
+        for i, b in enumerate(good):
+            for label, change, field in BAD_BATCHES[i::3]:
+                bad = batch()
+                bad.update(change)
+                with pytest.raises(uform.InvalidArgument, match=field):
+                    trainer.step(bad)
+            losses.append(trainer.step(b).stats.loss)
+        assert losses == clean_losses
+        assert np.array_equal(trainer._weights(), clean_weights)
+        assert trainer.step(good[0]).stats.step == 4
+
+
+def test_too_many_edges_is_refused(executor):
+    with uform.Trainer.init_ram(executor, config(contrastive=dict(max_edges_per_device=3))) as trainer:
+        with pytest.raises(uform.InvalidArgument, match="max_edges_per_device"):
+            trainer.step(batch())
+
+
+BAD_CONFIGS = [
+    (dict(hidden=200), "hidden"),
+    (dict(depth=0), "depth"),
+    (dict(schedule=dict()), "steps"),
+    (dict(objective="sleep"), "objective"),
+    (dict(batch=dict(max_rowz=3)), "max_rowz"),
+    (dict(masking=dict(token_mask_probability=1.5)), "token_mask_probability"),
+    (dict(contrastive=dict(matryoshka_dimensions=[64, 512])), "matryoshka_dimensions"),
+    (dict(contrastive=dict(temperature_groups=1000)), "temperature_groups"),
+    (dict(late_interaction=dict(width=12)), "width"),
+    (dict(schedule=dict(steps=10, warmup_steps=11)), "warmup_steps"),
+]
+
+
+@pytest.mark.parametrize("change,field", BAD_CONFIGS)
+def test_bad_configs_are_refused_by_name(executor, change, field):
+    bad = config()
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(bad.get(key), dict) and key != "schedule":
+            bad[key] = {**bad[key], **value}
+        else:
+            bad[key] = value
+    with pytest.raises(uform.InvalidArgument, match=field):
+        uform.Trainer.init_ram(executor, bad)
+
+
+def test_a_poisoned_step_is_skipped_and_training_goes_on(executor):
+    poisoned = batch(relations=dict(attract=edges([0, 1, 1, 1, 1, 1, 1], [2], [3.4e38])))
+    with uform.Trainer.init_ram(executor, config("contrastive")) as trainer:
+        trainer.step(batch())
+        before = trainer._weights()
+        stats = trainer.step(poisoned).stats
+        assert stats.skipped and stats.step == 1 and not math.isfinite(stats.loss)
+        assert np.array_equal(trainer._weights(), before)  # bitwise untouched
+        stats = trainer.step(batch()).stats
+        assert not stats.skipped and stats.step == 2 and math.isfinite(stats.loss)
+        assert not np.array_equal(trainer._weights(), before)
+
+
+def test_truncated_items_are_counted(executor):
+    long = batch(items=[b"y" * 50, b"short"], relations=None, groups=None)
+    with uform.Trainer.init_ram(executor, config()) as trainer:
+        stats = trainer.step(long).stats
+    assert stats.truncated_items == 1 and stats.tokens == 32 + 5 and stats.items == 2
