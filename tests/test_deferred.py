@@ -1,0 +1,275 @@
+"""Deferred verbs: order, answers, errors, and that neither the event loop nor the GIL is held.
+
+Most tests train a tiny model (depth 1, hidden 128); the ones about concurrency need a step long
+enough to watch, about a fifth of a second on one thread (depth 2, hidden 256, 8 rows of 256).
+"""
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import uform
+from uform import Edges, Executor, Modality, Objective, Trainer
+
+TINY = dict(
+    depth=1,
+    hidden=128,
+    batch=dict(max_rows_per_device=4, max_columns_per_row=32),
+    objective=Objective.JOINT,
+    schedule=dict(steps=10),
+)
+SLOW = dict(
+    depth=2,
+    hidden=256,
+    batch=dict(max_rows_per_device=8, max_columns_per_row=256),
+    objective=Objective.JOINT,
+    schedule=dict(steps=10),
+)
+
+
+def pair_batch(**overrides):
+    batch = dict(
+        modalities=[Modality.TEXT, Modality.TEXT],
+        contents=["a small red panda", "Red pandas eat bamboo."],
+        relations=dict(attract=Edges(offsets=[0, 1, 2], ids=[1, 0])),
+    )
+    batch.update(overrides)
+    return batch
+
+
+def slow_batch():
+    return dict(modalities=["text"] * 8, contents=[f"item {i} " * 36 for i in range(8)])
+
+
+@pytest.fixture
+def cpu():
+    executor = Executor.for_ram(threads=1)
+    yield executor
+    executor.free()
+
+
+@pytest.fixture
+def trainer(cpu):
+    trainer = Trainer.init_ram(cpu, TINY)
+    yield trainer
+    trainer.free()
+
+
+@pytest.fixture
+def slow(cpu):
+    trainer = Trainer.init_ram(cpu, SLOW)
+    started = time.perf_counter()
+    trainer.step(slow_batch())  # warm up, and make sure a step is long enough to watch
+    assert time.perf_counter() - started > 0.05, "the slow configuration is too fast to observe concurrency"
+    yield trainer
+    trainer.free()
+
+
+async def test_awaited_steps_land_in_submission_order(trainer):
+    deferred = trainer.deferred()
+    answers = [deferred.step(pair_batch()) for _ in range(4)]
+    assert all(isinstance(answer, uform.Deferred) for answer in answers)
+    stepped = [await answer for answer in reversed(answers)]  # awaiting order does not matter
+    assert [s.stats.step for s in reversed(stepped)] == [1, 2, 3, 4]
+    assert all(isinstance(s, uform.Stepped) and s.stats.items == 2 for s in stepped)
+    assert all(answer.done() for answer in answers)
+    assert (await answers[0]).stats.step == 1  # awaiting twice answers the same
+
+
+async def test_deferred_save_lands_after_the_steps_before_it(trainer, tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    deferred = trainer.deferred()
+    steps = [deferred.step(pair_batch()) for _ in range(3)]
+    saved = deferred.save(tmp_path / "checkpoint.safetensors")
+    assert await saved is None
+    assert all(step.done() for step in steps)
+    tensors = safetensors_numpy.load_file(str(tmp_path / "checkpoint.safetensors"))
+    assert tensors
+    with uform.Executor.for_ram(threads=1) as cpu:
+        resumed = Trainer.init_ram(cpu, dict(TINY, resume=str(tmp_path / "checkpoint.safetensors")))
+        try:
+            assert resumed.step(pair_batch()).stats.step == 4  # the checkpoint holds all three steps
+        finally:
+            resumed.free()
+
+
+def test_wait_returns_the_result_and_done_tracks_it(slow):
+    first = slow.deferred().step(slow_batch())
+    second = slow.deferred().step(slow_batch())
+    assert not second.done()  # it waits behind the first
+    stepped = second.wait()
+    assert second.done() and first.done()
+    assert isinstance(stepped, uform.Stepped) and stepped.stats.step == 3
+    assert first.wait().stats.step == 2
+    assert "done" in repr(second)
+
+
+def test_wait_times_out_but_the_verb_still_runs(slow):
+    answer = slow.deferred().step(slow_batch())
+    with pytest.raises(TimeoutError):
+        answer.wait(timeout=0.001)
+    assert answer.wait().stats.step == 2
+
+
+async def test_errors_surface_where_awaited(trainer):
+    deferred = trainer.deferred()
+    good = deferred.step(pair_batch())
+    refused_by_c = deferred.step(pair_batch(relations=dict(attract=Edges([0, 1, 2], [7, 0]))))
+    refused_by_python = deferred.step(pair_batch(bags=[0, 1, 2]))  # the answer, not the call, raises
+    after = deferred.step(pair_batch())
+    assert (await good).stats.step == 1
+    with pytest.raises(uform.InvalidArgument, match=r"batch\.relations\.attract"):
+        await refused_by_c
+    with pytest.raises(uform.InvalidArgument, match=r"^batch\.bags: 3 entries, expected items = 2$"):
+        await refused_by_python
+    with pytest.raises(uform.InvalidArgument, match=r"^batch\.bags"):
+        refused_by_python.wait()
+    assert (await after).stats.step == 2  # the bad ones changed nothing
+    assert "failed: InvalidArgument" in repr(refused_by_c)
+
+
+def test_blocking_verbs_wait_behind_deferred_ones(slow, tmp_path):
+    deferred = slow.deferred()
+    queued = [deferred.step(slow_batch()) for _ in range(2)]
+    assert not queued[-1].done()
+    stepped = slow.step(slow_batch())
+    assert all(answer.done() for answer in queued)
+    assert [answer.wait().stats.step for answer in queued] == [2, 3]
+    assert stepped.stats.step == 4
+    late = deferred.step(slow_batch())
+    slow.save(tmp_path / "behind.safetensors")
+    assert late.done() and (tmp_path / "behind.safetensors").exists()
+
+
+def test_free_waits_behind_deferred_verbs(cpu):
+    trainer = Trainer.init_ram(cpu, SLOW)
+    queued = [trainer.deferred().step(slow_batch()) for _ in range(2)]
+    trainer.free()
+    assert [answer.wait().stats.step for answer in queued] == [1, 2]
+    with pytest.raises(uform.InvalidHandle):
+        trainer.deferred().step(slow_batch()).wait()
+
+
+async def test_the_event_loop_runs_while_a_step_does(slow):
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.001)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    submitted = time.perf_counter()
+    stepped = await slow.deferred().step(slow_batch())
+    landed = time.perf_counter()
+    ticking.cancel()
+    during = [tick for tick in ticks if submitted < tick < landed]
+    assert stepped.stats.step == 2
+    assert landed - submitted > 0.05
+    assert len(during) >= 10, f"{len(during)} ticks in {landed - submitted:.3f} s"
+
+
+async def test_cancelling_the_waiter_does_not_cancel_the_step(slow):
+    answer = slow.deferred().step(slow_batch())
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(answer, timeout=0.001)
+    assert (await answer).stats.step == 2
+
+
+def _count_during(call):
+    """Runs `call` while another Python thread counts; answers the counts seen in its middle half."""
+    progress = []
+    stop = threading.Event()
+
+    def count():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            if n % 100 == 0:
+                progress.append(time.perf_counter())
+
+    counter = threading.Thread(target=count)
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    counter.start()
+    try:
+        time.sleep(0.01)
+        started = time.perf_counter()
+        result = call()
+        ended = time.perf_counter()
+    finally:
+        stop.set()
+        counter.join()
+        sys.setswitchinterval(old_interval)
+    quarter = (ended - started) / 4
+    middle = [t for t in progress if started + quarter < t < ended - quarter]
+    return result, middle, ended - started
+
+
+def test_the_gil_is_released_during_a_blocking_step(slow):
+    # The step runs on the executor's worker thread; if it held the GIL through the native call,
+    # the counting thread could not run at all in the middle of the step.
+    stepped, middle, seconds = _count_during(lambda: slow.step(slow_batch()))
+    assert stepped.stats.step == 2 and seconds > 0.05
+    assert len(middle) >= 10, f"the counter advanced {len(middle)} times in the middle of a {seconds:.3f} s step"
+
+
+def test_the_gil_is_released_during_a_probe(slow):
+    (stats, gradients), middle, seconds = _count_during(lambda: slow._probe(slow_batch()))
+    assert np.any(gradients != 0) and seconds > 0.05
+    assert len(middle) >= 10, f"the counter advanced {len(middle)} times in the middle of a {seconds:.3f} s probe"
+
+
+def test_one_lazy_daemon_worker_per_executor_stopped_by_free():
+    cpu = Executor.for_ram(threads=1)
+    trainer = Trainer.init_ram(cpu, TINY)
+    assert cpu._worker is None  # created at the first verb
+    other = Trainer.init_ram(cpu, TINY)
+    trainer.step(pair_batch())
+    worker = cpu._worker
+    assert worker is not None and worker._thread.daemon and worker.alive
+    other.deferred().step(pair_batch()).wait()
+    assert cpu._worker is worker  # both trainers share their executor's one worker
+    assert cpu._worker_thread().run(threading.current_thread) is worker._thread is not threading.current_thread()
+    trainer.free()
+    other.free()
+    cpu.free()
+    assert not worker.alive
+
+
+def test_the_worker_does_not_keep_the_interpreter_alive(tmp_path):
+    script = textwrap.dedent(
+        """
+        import uform
+        cpu = uform.Executor.for_ram(threads=1)
+        trainer = uform.Trainer.init_ram(cpu, dict(depth=2, hidden=256, objective="joint",
+            batch=dict(max_rows_per_device=8, max_columns_per_row=256), schedule=dict(steps=10)))
+        batch = dict(modalities=["text"] * 8, contents=["item " * 50] * 8)
+        trainer.deferred().step(batch).wait()
+        for _ in range(100):  # some 20 s of steps, still queued when the interpreter exits
+            trainer.deferred().step(batch)
+        print("leaving")
+        """
+    )
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=str(tmp_path), env=_child_environment())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "leaving"
+    assert time.perf_counter() - started < 15
+
+
+def _child_environment():
+    import os
+
+    environment = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(uform.__file__))
+    environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
+    return environment

@@ -1,0 +1,463 @@
+"""uform trains multimodal transformer encoders on GPUs, fast, and on the CPU as an exact reference.
+
+>>> import uform
+>>> with uform.Executor.for_ram() as cpu, uform.Trainer.init_ram(cpu, dict(
+...     depth=1, hidden=128, batch=dict(max_rows_per_device=4, max_columns_per_row=32),
+...     objective=uform.Objective.JOINT, schedule=dict(steps=10))) as trainer:
+...     stepped = trainer.step(dict(
+...         modalities=[uform.Modality.TEXT] * 2,
+...         contents=["a small red panda", "Red pandas eat bamboo."],
+...         relations=dict(attract=uform.Edges(offsets=[0, 1, 2], ids=[1, 0]))))
+...     print(stepped.stats.loss)
+
+Blocking verbs live on `Trainer`; `trainer.deferred()` has the same verbs answering a `Deferred`
+that is awaitable and `.wait()`-able. Every native call releases the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Optional, Sequence
+
+from . import _native
+from .batch import Edges, Tape, TrainerBatch, normalize_batch
+from .config import (
+    AudioShape,
+    BatchShape,
+    Choices,
+    Contrastive,
+    ImageShape,
+    LateInteraction,
+    LateInteractionSide,
+    Masking,
+    Modality,
+    Negatives,
+    Objective,
+    PairLossForm,
+    Scalar,
+    Schedule,
+    TrainerConfig,
+    TrainerStepConfig,
+    VideoShape,
+    encode_path,
+    normalize_step_config,
+    normalize_trainer_config,
+    real,
+    unsigned,
+    unsigned_array,
+)
+from .deferred import Deferred, Worker, stop_on_collect
+from .errors import Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
+from .outputs import _ITEM_BYTES, Arena, Rows, Stats, Stepped
+
+__version__ = _native.version()
+
+__all__ = [
+    "__version__",
+    "capabilities",
+    "Executor",
+    "Mesh",
+    "Trainer",
+    "TrainerDeferred",
+    "Deferred",
+    "Modality",
+    "Objective",
+    "Negatives",
+    "PairLossForm",
+    "LateInteractionSide",
+    "Scalar",
+    "ImageShape",
+    "VideoShape",
+    "AudioShape",
+    "BatchShape",
+    "Masking",
+    "Contrastive",
+    "LateInteraction",
+    "Choices",
+    "Schedule",
+    "TrainerConfig",
+    "TrainerBatch",
+    "TrainerStepConfig",
+    "Edges",
+    "Tape",
+    "Arena",
+    "Rows",
+    "Stats",
+    "Stepped",
+    "Error",
+    "InvalidArgument",
+    "InvalidCheckpoint",
+    "InvalidHandle",
+    "Busy",
+    "Unsupported",
+    "OutOfMemory",
+    "StorageError",
+]
+
+
+def capabilities() -> set:
+    """What this build and machine can do: a set of "ram" (the CPU backend), "vram" (CUDA), "mesh"."""
+    bits = _native.capabilities()
+    return {name for name, bit in _native.C_ENUMS["capability"].items() if bits & bit}
+
+
+def _alive(borrower: Any) -> bool:
+    native = borrower._native
+    return native is not None and native.alive
+
+
+class Executor:
+    """Where work runs: the CPU reference backend (`for_ram`) or a set of GPUs (`for_vram`).
+
+    Verbs of the trainers on one executor run on its worker thread, one after another, in the order
+    they were submitted. Free it with `free()` or a `with` block, after the trainers and meshes that
+    borrow it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("make an Executor with Executor.for_ram() or Executor.for_vram()")
+
+    @classmethod
+    def _wrap(cls, native: Any, kind: str) -> "Executor":
+        executor = cls.__new__(cls)
+        executor._native = native
+        executor._kind = kind
+        executor._borrowers = weakref.WeakSet()
+        executor._worker = None
+        executor._lock = threading.Lock()
+        return executor
+
+    @classmethod
+    def for_ram(cls, threads: Optional[int] = None) -> "Executor":
+        """The CPU reference backend; `threads` a verb uses, the calling one included (absent: every core)."""
+        count = unsigned(0 if threads is None else threads, 64, "threads")
+        return cls._wrap(_native.ExecutorHandle.for_ram(count), "ram")
+
+    @classmethod
+    def for_vram(cls, devices: Optional[Sequence[int]] = None) -> "Executor":
+        """GPUs by ordinal, or every visible one when `devices` is absent.
+
+        Raises `uform.Unsupported` in builds without CUDA or on machines without a GPU.
+        """
+        ordinals = None
+        if devices is not None:
+            ordinals = unsigned_array(devices, "uint32", "devices")
+            if len(ordinals) == 0:
+                raise InvalidArgument("devices: empty; leave it absent for every visible device")
+        return cls._wrap(_native.ExecutorHandle.for_vram(ordinals), "vram")
+
+    @property
+    def kind(self) -> str:
+        """"ram" or "vram"."""
+        return self._kind
+
+    @property
+    def alive(self) -> bool:
+        """False once freed."""
+        return _alive(self)
+
+    def _handle(self) -> Any:
+        native = self._native
+        if native is None:
+            raise InvalidHandle("executor: used after free()")
+        return native
+
+    def _worker_thread(self) -> Worker:
+        with self._lock:
+            self._handle()
+            if self._worker is None:
+                self._worker = Worker(f"uform-{self._kind}-executor")
+                stop_on_collect(self, self._worker)
+            return self._worker
+
+    def free(self) -> None:
+        """Frees the executor and stops its worker; harmless when already freed.
+
+        Raises `uform.Busy` while a live trainer or mesh borrows it.
+        """
+        with self._lock:
+            if self._native is None:
+                return
+            borrowers = [type(b).__name__.lower() for b in list(self._borrowers) if _alive(b)]
+            if borrowers:
+                raise Busy(f"executor: borrowed by a live {' and a live '.join(sorted(set(borrowers)))}; free it first")
+            self._native.free()
+            self._native = None
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return f"<uform.Executor {self._kind}{'' if self._native is not None else ' freed'}>"
+
+
+class Mesh:
+    """The processes of one run and the communicator that joins their devices.
+
+    A trainer borrows its mesh until freed; freeing a mesh that a live trainer borrows raises
+    `uform.Busy`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("make a Mesh with Mesh.bootstrap(executor, ...)")
+
+    @classmethod
+    def bootstrap(
+        cls,
+        executor: Executor,
+        host_domain_index: int = 0,
+        host_domain_count: int = 1,
+        directory: Any = None,
+        job: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> "Mesh":
+        """Joins this process to a run of `host_domain_count` processes meeting under `directory/job`.
+
+        A mesh of one process needs no peers; `timeout` seconds bound the wait for them (absent: 300).
+        """
+        if not isinstance(executor, Executor):
+            raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
+        index = unsigned(host_domain_index, 32, "host_domain_index")
+        count = unsigned(0 if host_domain_count is None else host_domain_count, 32, "host_domain_count")
+        folder = None if directory is None else encode_path(directory, "directory")
+        name = None if job is None else encode_path(job, "job")
+        seconds = 0.0 if timeout is None else real(timeout, "timeout")
+        native = _native.MeshHandle.bootstrap(executor._handle(), index, count, folder, name, seconds)
+        mesh = cls.__new__(cls)
+        mesh._native = native
+        mesh._executor = executor
+        mesh._borrowers = weakref.WeakSet()
+        executor._borrowers.add(mesh)
+        return mesh
+
+    @property
+    def executor(self) -> Optional[Executor]:
+        """The executor whose devices this process brings; None once freed."""
+        return self._executor
+
+    @property
+    def alive(self) -> bool:
+        """False once freed."""
+        return _alive(self)
+
+    def _handle(self) -> Any:
+        native = self._native
+        if native is None:
+            raise InvalidHandle("mesh: used after free()")
+        return native
+
+    def free(self) -> None:
+        """Frees the mesh; harmless when already freed. Raises `uform.Busy` while a live trainer borrows it."""
+        if self._native is None:
+            return
+        if any(_alive(trainer) for trainer in list(self._borrowers)):
+            raise Busy("mesh: borrowed by a live trainer; free it first")
+        self._native.free()
+        self._native = None
+        self._executor._borrowers.discard(self)
+        self._executor = None
+
+    def __enter__(self) -> "Mesh":
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return f"<uform.Mesh{'' if self._native is not None else ' freed'}>"
+
+
+class Trainer:
+    """One training run: the weights, the optimizer's moments and the step.
+
+    Every verb blocks until it lands, behind the deferred verbs already submitted on the same
+    executor; `deferred()` has the same verbs, each answering a `Deferred` at once. The trainer
+    borrows its executor and mesh until freed.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("start a run with Trainer.init_ram(...) or Trainer.init_vram(...)")
+
+    @classmethod
+    def init_ram(cls, executor: Executor, config: Any, mesh: Optional[Mesh] = None) -> "Trainer":
+        """Starts or resumes a run on a RAM executor: the CPU reference backend.
+
+        `config` is a `TrainerConfig` or a dict with the same keys; `mesh`, when given, is borrowed
+        until the trainer is freed.
+        """
+        return cls._init(False, executor, config, mesh)
+
+    @classmethod
+    def init_vram(cls, executor: Executor, config: Any, mesh: Optional[Mesh] = None) -> "Trainer":
+        """Starts or resumes a run with one replica on each device of a VRAM executor."""
+        return cls._init(True, executor, config, mesh)
+
+    @classmethod
+    def _init(cls, vram: bool, executor: Executor, config: Any, mesh: Optional[Mesh]) -> "Trainer":
+        if not isinstance(executor, Executor):
+            raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
+        if mesh is not None and not isinstance(mesh, Mesh):
+            raise InvalidArgument(f"mesh: expected a uform.Mesh, got {type(mesh).__name__}")
+        normalized = normalize_trainer_config(config)
+        native = _native.TrainerHandle.init(
+            vram, executor._handle(), normalized, None if mesh is None else mesh._handle()
+        )
+        trainer = cls.__new__(cls)
+        trainer._native = native
+        trainer._executor = executor
+        trainer._mesh = mesh
+        trainer._hidden = normalized["hidden"]
+        executor._borrowers.add(trainer)
+        if mesh is not None:
+            mesh._borrowers.add(trainer)
+        return trainer
+
+    @property
+    def executor(self) -> Optional[Executor]:
+        """The executor this trainer borrows; None once freed."""
+        return self._executor
+
+    @property
+    def mesh(self) -> Optional[Mesh]:
+        """The mesh this trainer borrows, if any; None once freed."""
+        return self._mesh
+
+    @property
+    def alive(self) -> bool:
+        """False once freed."""
+        return _alive(self)
+
+    def _handle(self) -> Any:
+        native = self._native
+        if native is None:
+            raise InvalidHandle("trainer: used after free()")
+        return native
+
+    def _worker(self) -> Worker:
+        self._handle()
+        return self._executor._worker_thread()
+
+    def _step_call(self, batch: Any, config: Any):
+        """Checks and pins the batch now; answers the call that runs the step on the worker."""
+        native = self._handle()
+        inputs = _native.StepInputs(normalize_batch(batch))
+        settings = normalize_step_config(config)
+        arena, scalar, hidden = settings["arena"], settings["outputs_scalar"], self._hidden
+        c_scalar = _native.C_ENUMS["scalar"][scalar.value]
+
+        def step() -> Stepped:
+            landing = None
+            if arena is not None:
+                landing = arena._reserve(inputs.count * hidden * _ITEM_BYTES[scalar])
+            stats = Stats(native.step(inputs, landing, c_scalar))
+            rows = None if arena is None else Rows(landing, scalar, (inputs.count, hidden))
+            return Stepped(stats, rows)
+
+        return step
+
+    def _save_call(self, path: Any):
+        native = self._handle()
+        destination = encode_path(path, "path")
+        return lambda: native.save(destination)
+
+    def step(self, batch: Any, config: Any = None) -> Stepped:
+        """Applies one optimizer step over this process's items and every peer's.
+
+        `batch` is a `TrainerBatch` or a dict with the same keys; `config` a `TrainerStepConfig` or
+        dict, whose `arena` receives the scored embeddings. Answers a `Stepped`.
+        """
+        call = self._step_call(batch, config)
+        return self._worker().run(call)
+
+    def save(self, path: Any) -> None:
+        """Writes the weights, the optimizer's moments and the step as one safetensors checkpoint.
+
+        The file is written beside `path` and renamed into place, so a crash keeps the previous one.
+        """
+        call = self._save_call(path)
+        self._worker().run(call)
+
+    def deferred(self) -> "TrainerDeferred":
+        """The same verbs, each submitted to the executor's worker and answered as a `Deferred`."""
+        return TrainerDeferred(self)
+
+    def free(self) -> None:
+        """Frees the trainer, after the verbs already submitted, and lets go of its executor and mesh.
+
+        Harmless when already freed.
+        """
+        native = self._native
+        if native is None:
+            return
+        self._executor._worker_thread().run(native.free)
+        self._native = None
+        self._executor._borrowers.discard(self)
+        if self._mesh is not None:
+            self._mesh._borrowers.discard(self)
+        self._executor = self._mesh = None
+
+    def _probe(self, batch: Any):
+        """For tests: a step's loss and gradients without the update, as (Stats, float32 gradients)."""
+        native = self._handle()
+        inputs = _native.StepInputs(normalize_batch(batch))
+
+        def probe():
+            stats, gradients = native.probe(inputs)
+            return Stats(stats), gradients
+
+        return self._worker().run(probe)
+
+    def _weights(self):
+        """For tests: the flat float32 weights, in the checkpoint's tensor order."""
+        native = self._handle()
+        return self._worker().run(native.weights)
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "" if self._native is not None else " freed"
+        kind = self._executor.kind if self._executor is not None else "?"
+        return f"<uform.Trainer on {kind}{state}>"
+
+
+class TrainerDeferred:
+    """A trainer's verbs, each submitted to its executor's worker and answered at once as a `Deferred`.
+
+    Verbs run in the order submitted; errors, the batch's own included, surface where the
+    `Deferred` is awaited or waited on.
+    """
+
+    __slots__ = ("_trainer",)
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    def _submit(self, verb: str, make_call, *args: Any) -> Deferred:
+        try:
+            call = make_call(*args)
+            worker = self._trainer._worker()
+        except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
+            return Deferred._failed(error, verb)
+        return Deferred(worker.submit(call), verb)
+
+    def step(self, batch: Any, config: Any = None) -> Deferred:
+        """`Trainer.step`, deferred: the batch is read now, the step runs on the worker."""
+        return self._submit("step", self._trainer._step_call, batch, config)
+
+    def save(self, path: Any) -> Deferred:
+        """`Trainer.save`, deferred."""
+        return self._submit("save", self._trainer._save_call, path)
+
+    def __repr__(self) -> str:
+        return f"<uform.TrainerDeferred of {self._trainer!r}>"

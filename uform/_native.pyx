@@ -1,0 +1,554 @@
+# cython: language_level=3
+"""The compiled core of uform: handles over `uform.h`, and nothing the pure-Python face can do.
+
+Every function here receives values the face has already normalized (see `uform/config.py` and
+`uform/batch.py`): ints, floats, encoded paths, C-contiguous numpy arrays and byte memoryviews. It
+copies scalars into the C structs, pins every buffer as a typed memoryview for the whole call (so C
+reads the caller's memory, never a copy), runs the native call without the GIL, and turns a failed
+status into the matching `uform.Error` subclass with the library's message.
+"""
+
+cimport cython
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.string cimport memset
+
+from uform.uform cimport *
+
+import numpy as np
+
+from uform.errors import Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
+
+# The C library's numbering of the enumerations whose Python values are names, keyed by those names.
+C_ENUMS = {
+    "modality": {
+        "text": uform_modality_text_k,
+        "image": uform_modality_image_k,
+        "video": uform_modality_video_k,
+        "audio": uform_modality_audio_k,
+    },
+    "objective": {
+        "masked": uform_objective_masked_k,
+        "contrastive": uform_objective_contrastive_k,
+        "joint": uform_objective_joint_k,
+    },
+    "negatives": {"ambient": uform_negatives_ambient_k, "named": uform_negatives_named_k},
+    "scalar": {
+        "f32": uform_scalar_f32_k,
+        "f16": uform_scalar_f16_k,
+        "bf16": uform_scalar_bf16_k,
+        "i8": uform_scalar_i8_k,
+    },
+    "pair_loss_form": {
+        "derived": uform_pair_loss_derived_k,
+        "balanced": uform_pair_loss_balanced_k,
+        "ranked": uform_pair_loss_ranked_k,
+        "sigmoid": uform_pair_loss_sigmoid_k,
+    },
+    "late_interaction_side": {
+        "none": uform_late_interaction_none_k,
+        "query": uform_late_interaction_query_k,
+        "document": uform_late_interaction_document_k,
+        "query_and_document": uform_late_interaction_query_and_document_k,
+    },
+    "capability": {"ram": uform_capability_ram_k, "vram": uform_capability_vram_k, "mesh": uform_capability_mesh_k},
+}
+MAX_TEMPERATURE_GROUPS = UFORM_MAX_TEMPERATURE_GROUPS
+MAX_MATRYOSHKA_DIMENSIONS = UFORM_MAX_MATRYOSHKA_DIMENSIONS
+
+# Modalities and sides travel as uint32 arrays read through enum pointers: the sizes must agree.
+if sizeof(uform_modality_t) != sizeof(uint32_t) or sizeof(uform_late_interaction_side_t) != sizeof(uint32_t):
+    raise ImportError("uform: this compiler's C enumerations are not 32 bits wide")
+
+cdef dict _ERRORS = {
+    uform_status_invalid_argument_k: InvalidArgument,
+    uform_status_invalid_handle_k: InvalidHandle,
+    uform_status_busy_k: Busy,
+    uform_status_unsupported_k: Unsupported,
+    uform_status_out_of_memory_k: OutOfMemory,
+    uform_status_io_k: StorageError,
+    uform_status_invalid_checkpoint_k: InvalidCheckpoint,
+}
+
+# Where an empty buffer points: C reads nothing from it, but a NULL could mean "absent".
+cdef uint64_t _nothing = 0
+
+
+cdef int check(uform_status_t status, const char* message, str verb) except -1:
+    """Raises the error a failed status stands for, with the library's message as its text."""
+    if status == uform_status_success_k:
+        return 0
+    text = message.decode("utf-8", "replace") if message != NULL else f"{verb} failed with status {<int>status}"
+    raise _ERRORS.get(status, Error)(text)
+
+
+def version():
+    """The C library's version, as "MAJOR.MINOR.PATCH"."""
+    return uform_version().decode("ascii")
+
+
+def capabilities():
+    """The `uform_capability_t` bits this build and machine have."""
+    return uform_capabilities()
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Executors and meshes                                                                            #
+# ---------------------------------------------------------------------------------------------- #
+
+
+cdef class ExecutorHandle:
+    """One `uform_executor_t`, freed with `free()` or when collected."""
+
+    cdef uform_executor_t handle
+
+    def __cinit__(self):
+        self.handle = NULL
+
+    @staticmethod
+    def for_ram(size_t threads):
+        cdef ExecutorHandle executor = ExecutorHandle()
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        with nogil:
+            status = uform_executor_init_ram(threads, &executor.handle, &message)
+        check(status, message, "uform_executor_init_ram")
+        return executor
+
+    @staticmethod
+    def for_vram(devices):
+        """`devices`: a uint32 array of device ordinals, or None for every visible device."""
+        cdef ExecutorHandle executor = ExecutorHandle()
+        cdef const uint32_t[::1] ordinals
+        cdef const uint32_t* pointer = NULL
+        cdef size_t count = 0
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if devices is not None:
+            ordinals = devices
+            count = ordinals.shape[0]
+            pointer = _per_item(ordinals)
+        with nogil:
+            status = uform_executor_init_vram(pointer, count, &executor.handle, &message)
+        check(status, message, "uform_executor_init_vram")
+        return executor
+
+    @property
+    def alive(self):
+        return self.handle != NULL
+
+    def free(self):
+        """Frees the executor; harmless when already freed."""
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if self.handle == NULL:
+            return
+        with nogil:
+            status = uform_executor_free(self.handle, &message)
+        check(status, message, "uform_executor_free")
+        self.handle = NULL
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            uform_executor_free(self.handle, NULL)
+
+
+cdef uform_executor_t _executor(ExecutorHandle executor) except? NULL:
+    if executor is None or executor.handle == NULL:
+        raise InvalidHandle("executor: used after free()")
+    return executor.handle
+
+
+@cython.no_gc_clear  # its executor must outlive it, even inside a collected cycle
+cdef class MeshHandle:
+    """One `uform_mesh_t`; it keeps its executor's handle alive."""
+
+    cdef uform_mesh_t handle
+    cdef ExecutorHandle executor
+
+    def __cinit__(self):
+        self.handle = NULL
+
+    @staticmethod
+    def bootstrap(ExecutorHandle executor, uint32_t index, uint32_t count, bytes directory, bytes job,
+                  double timeout_seconds):
+        cdef MeshHandle mesh = MeshHandle()
+        cdef uform_mesh_bootstrap_t config
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_executor_t devices = _executor(executor)
+        memset(&config, 0, sizeof(config))
+        config.host_domain_index = index
+        config.host_domain_count = count
+        if directory is not None:
+            config.directory = directory
+        if job is not None:
+            config.job = job
+        config.timeout_seconds = timeout_seconds
+        with nogil:
+            status = uform_mesh_bootstrap(devices, &config, &mesh.handle, &message)
+        check(status, message, "uform_mesh_bootstrap")
+        mesh.executor = executor
+        return mesh
+
+    @property
+    def alive(self):
+        return self.handle != NULL
+
+    def free(self):
+        """Frees the mesh; harmless when already freed."""
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if self.handle == NULL:
+            return
+        with nogil:
+            status = uform_mesh_free(self.handle, &message)
+        check(status, message, "uform_mesh_free")
+        self.handle = NULL
+        self.executor = None
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            uform_mesh_free(self.handle, NULL)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Batches: pinned buffers                                                                         #
+# ---------------------------------------------------------------------------------------------- #
+
+
+cdef class TapePin:
+    """Keeps one tape's data and offsets pinned while C reads them."""
+
+    cdef const uint8_t[::1] data
+    cdef const uint64_t[::1] offsets
+
+    cdef int fill(self, uform_tape_t* tape, object pinnable) except -1:
+        """`pinnable`: (a byte memoryview or uint8 array, a uint64 array of count + 1 offsets), or None."""
+        memset(tape, 0, sizeof(uform_tape_t))
+        if pinnable is None:
+            return 0
+        data, offsets = pinnable
+        self.data = data
+        self.offsets = offsets
+        tape.data = <const void*>&_nothing
+        if self.data.shape[0]:
+            tape.data = <const void*>&self.data[0]
+        tape.offsets = &self.offsets[0]
+        tape.count = self.offsets.shape[0] - 1
+        return 0
+
+
+cdef class EdgesPin:
+    """Keeps one edge set's offsets, ids and weights pinned while C reads them."""
+
+    cdef const uint32_t[::1] offsets
+    cdef const uint32_t[::1] ids
+    cdef const float[::1] weights
+
+    cdef int fill(self, uform_edges_view_t* edges, object arrays) except -1:
+        """`arrays`: (uint32 offsets, uint32 ids, float32 weights or None), or None for the empty set."""
+        memset(edges, 0, sizeof(uform_edges_view_t))
+        if arrays is None:
+            return 0
+        offsets, ids, weights = arrays
+        self.offsets = offsets
+        self.ids = ids
+        edges.offsets = &self.offsets[0]
+        edges.ids = _per_item(self.ids)
+        edges.ids_count = self.ids.shape[0]
+        if weights is not None:
+            self.weights = weights
+            edges.weights = <const float*>&_nothing
+            if self.weights.shape[0]:
+                edges.weights = &self.weights[0]
+        return 0
+
+
+cdef const uint32_t* _per_item(const uint32_t[::1] values) noexcept:
+    if values.shape[0] == 0:
+        return <const uint32_t*>&_nothing
+    return &values[0]
+
+
+cdef class StepInputs:
+    """One step's `uform_trainer_step_t` and every buffer it points into, pinned until collected."""
+
+    cdef uform_trainer_step_t step
+    cdef const uint32_t[::1] modalities
+    cdef const uint32_t[::1] bags
+    cdef const uint32_t[::1] groups
+    cdef const uint32_t[::1] sides
+    cdef TapePin contents
+    cdef TapePin choices
+    cdef TapePin choice_targets
+    cdef EdgesPin attract
+    cdef EdgesPin repel
+    cdef EdgesPin ignore
+    cdef object source
+
+    def __cinit__(self, dict batch):
+        """`batch`: the dict `uform.batch.normalize_batch` answers."""
+        memset(&self.step, 0, sizeof(uform_trainer_step_t))
+        self.source = batch  # whatever the views were made from stays alive with them
+        self.contents, self.choices, self.choice_targets = TapePin(), TapePin(), TapePin()
+        self.attract, self.repel, self.ignore = EdgesPin(), EdgesPin(), EdgesPin()
+        self.step.count = batch["count"]
+        self.modalities = batch["modalities"]
+        self.step.modalities = <const uform_modality_t*>_per_item(self.modalities)
+        self.contents.fill(&self.step.contents, batch["contents"])
+        if batch["bags"] is not None:
+            self.bags = batch["bags"]
+            self.step.bags = _per_item(self.bags)
+        if batch["temperature_groups"] is not None:
+            self.groups = batch["temperature_groups"]
+            self.step.temperature_groups = _per_item(self.groups)
+        if batch["sides"] is not None:
+            self.sides = batch["sides"]
+            self.step.sides = <const uform_late_interaction_side_t*>_per_item(self.sides)
+        self.choices.fill(&self.step.choices, batch["choices"])
+        self.choice_targets.fill(&self.step.choice_targets, batch["choice_targets"])
+        self.attract.fill(&self.step.attract, batch["attract"])
+        self.repel.fill(&self.step.repel, batch["repel"])
+        self.ignore.fill(&self.step.ignore, batch["ignore"])
+
+    @property
+    def count(self):
+        return self.step.count
+
+
+def tape_addresses(tape):
+    """The (data, offsets) addresses C receives for `tape`: tests compare them with the caller's arrays."""
+    cdef uform_tape_t view
+    cdef TapePin pin = TapePin()
+    pin.fill(&view, tape._pinnable("tape", tape.is_float32))
+    return <size_t>view.data, <size_t>view.offsets
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Trainers                                                                                        #
+# ---------------------------------------------------------------------------------------------- #
+
+
+cdef dict _stats(const uform_trainer_stats_t* stats):
+    cdef uint32_t groups = min(stats.temperature_groups, <uint32_t>UFORM_MAX_TEMPERATURE_GROUPS)
+    return {
+        "step": stats.step,
+        "learning_rate": stats.learning_rate,
+        "loss": stats.loss,
+        "masked_loss": stats.masked_loss,
+        "contrastive_loss": stats.contrastive_loss,
+        "late_interaction_loss": stats.late_interaction_loss,
+        "choices_loss": stats.choices_loss,
+        "grad_norm": stats.grad_norm,
+        "items": stats.items,
+        "tokens": stats.tokens,
+        "truncated_items": stats.truncated_items,
+        "skipped": stats.skipped != 0,
+        "inverse_temperatures": [stats.inverse_temperatures[i] for i in range(groups)],
+        "biases": [stats.biases[i] for i in range(groups)],
+    }
+
+
+cdef void _fill_batch_shape(uform_batch_shape_t* shape, dict given):
+    shape.max_rows_per_device = given["max_rows_per_device"]
+    shape.max_segments_per_device = given["max_segments_per_device"]
+    shape.max_columns_per_row = given["max_columns_per_row"]
+    shape.max_bags_per_device = given["max_bags_per_device"]
+    shape.max_choices_per_item = given["max_choices_per_item"]
+    shape.image.patch_side = given["image"]["patch_side"]
+    shape.image.channels = given["image"]["channels"]
+    shape.video.patch_side = given["video"]["patch_side"]
+    shape.video.tube_frames = given["video"]["tube_frames"]
+    shape.video.frame_stride = given["video"]["frame_stride"]
+    shape.video.channels = given["video"]["channels"]
+    shape.audio.chunk_samples = given["audio"]["chunk_samples"]
+    shape.audio.sample_rate = given["audio"]["sample_rate"]
+
+
+cdef void _fill_masking(uform_masking_t* masking, dict given):
+    masking.token_mask_probability = given["token_mask_probability"]
+    masking.token_mean_span = given["token_mean_span"]
+    masking.replace_fraction = given["replace_fraction"]
+    masking.random_fraction = given["random_fraction"]
+    masking.image_mask_ratio = given["image_mask_ratio"]
+    masking.video_mask_ratio = given["video_mask_ratio"]
+    masking.audio_mask_ratio = given["audio_mask_ratio"]
+    masking.text_weight = given["text_weight"]
+    masking.image_weight = given["image_weight"]
+    masking.video_weight = given["video_weight"]
+    masking.audio_weight = given["audio_weight"]
+
+
+cdef void _fill_contrastive(uform_contrastive_t* contrastive, dict given):
+    """Leaves `matryoshka_dimensions` to the caller, who pins the array."""
+    contrastive.temperature_groups = given["temperature_groups"]
+    contrastive.inverse_temperature = given["inverse_temperature"]
+    contrastive.bias = given["bias"]
+    contrastive.negatives = <uform_negatives_t><int>given["negatives"]
+    contrastive.ambient_repulsion_weight = given["ambient_repulsion_weight"]
+    contrastive.max_edges_per_device = given["max_edges_per_device"]
+    contrastive.pair_loss = <uform_pair_loss_form_t><int>given["pair_loss"]
+
+
+cdef void _fill_late_interaction(uform_late_interaction_t* late, dict given):
+    late.weight = given["weight"]
+    late.width = given["width"]
+    late.inverse_temperature = given["inverse_temperature"]
+    late.bias = given["bias"]
+    late.max_query_span = given["max_query_span"]
+    late.max_query_tokens_per_device = given["max_query_tokens_per_device"]
+    late.max_documents_per_device = given["max_documents_per_device"]
+    late.max_document_tokens_per_device = given["max_document_tokens_per_device"]
+    late.pair_loss = <uform_pair_loss_form_t><int>given["pair_loss"]
+
+
+@cython.no_gc_clear  # its executor and mesh must outlive it, even inside a collected cycle
+cdef class TrainerHandle:
+    """One `uform_trainer_t`; it keeps its executor's and mesh's handles alive until freed."""
+
+    cdef uform_trainer_t handle
+    cdef ExecutorHandle executor
+    cdef MeshHandle mesh
+
+    def __cinit__(self):
+        self.handle = NULL
+
+    @staticmethod
+    def init(bint vram, ExecutorHandle executor, dict config, MeshHandle mesh):
+        """`config`: the nested dict `uform.config.normalize_trainer_config` answers."""
+        cdef TrainerHandle trainer = TrainerHandle()
+        cdef uform_trainer_init_vram_t c
+        cdef const uint32_t[::1] dimensions
+        cdef bytes resume = config["resume"]
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_executor_t devices = _executor(executor)
+        cdef uform_mesh_t peers = NULL
+        if mesh is not None:
+            if mesh.handle == NULL:
+                raise InvalidHandle("mesh: used after free()")
+            peers = mesh.handle
+        memset(&c, 0, sizeof(c))
+        if resume is not None:
+            c.resume = resume
+        c.depth = config["depth"]
+        c.hidden = config["hidden"]
+        _fill_batch_shape(&c.batch, config["batch"])
+        c.objective = <uform_objective_t><int>config["objective"]
+        _fill_masking(&c.masking, config["masking"])
+        _fill_contrastive(&c.contrastive, config["contrastive"])
+        if config["contrastive"]["matryoshka_dimensions"] is not None:
+            dimensions = config["contrastive"]["matryoshka_dimensions"]
+            if dimensions.shape[0]:
+                c.contrastive.matryoshka_dimensions = &dimensions[0]
+                c.contrastive.matryoshka_dimensions_count = dimensions.shape[0]
+        _fill_late_interaction(&c.late_interaction, config["late_interaction"])
+        c.choices.weight = config["choices"]["weight"]
+        c.schedule.learning_rate = config["schedule"]["learning_rate"]
+        c.schedule.min_learning_rate = config["schedule"]["min_learning_rate"]
+        c.schedule.warmup_steps = config["schedule"]["warmup_steps"]
+        c.schedule.steps = config["schedule"]["steps"]
+        c.seed = config["seed"]
+        with nogil:
+            if vram:
+                status = uform_trainer_init_vram(devices, &c, peers, &trainer.handle, &message)
+            else:
+                status = uform_trainer_init_ram(devices, &c, peers, &trainer.handle, &message)
+        check(status, message, "uform_trainer_init_vram" if vram else "uform_trainer_init_ram")
+        trainer.executor = executor
+        trainer.mesh = mesh
+        return trainer
+
+    cdef uform_trainer_t _live(self) except? NULL:
+        if self.handle == NULL:
+            raise InvalidHandle("trainer: used after free()")
+        return self.handle
+
+    @property
+    def alive(self):
+        return self.handle != NULL
+
+    def step(self, StepInputs inputs, embeddings, int scalar):
+        """Runs one step; `embeddings` is a writable uint8 array of items x hidden scalars, or None."""
+        cdef uint8_t[::1] landing
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_trainer_t trainer = self._live()
+        inputs.step.embeddings = NULL
+        if embeddings is not None:
+            landing = embeddings
+            inputs.step.embeddings = <void*>&landing[0] if landing.shape[0] else <void*>&_nothing
+        inputs.step.embeddings_scalar = <uform_scalar_t>scalar
+        memset(&inputs.step.stats, 0, sizeof(uform_trainer_stats_t))
+        with nogil:
+            status = uform_trainer_step(trainer, &inputs.step, &message)
+        check(status, message, "uform_trainer_step")
+        return _stats(&inputs.step.stats)
+
+    def save(self, bytes path):
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_trainer_t trainer = self._live()
+        cdef const char* destination = path
+        with nogil:
+            status = uform_trainer_save(trainer, destination, &message)
+        check(status, message, "uform_trainer_save")
+
+    def parameters(self):
+        """How many floats the flat weights (and gradients) hold."""
+        cdef size_t total = 0
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_trainer_t trainer = self._live()
+        with nogil:
+            status = uform_trainer_weights(trainer, NULL, &total, &message)
+        check(status, message, "uform_trainer_weights")
+        return total
+
+    def weights(self):
+        """A copy of the flat float32 weights, in the layout's order."""
+        cdef size_t total = self.parameters()
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_trainer_t trainer = self._live()
+        weights = np.empty(total, np.float32)
+        cdef float[::1] landing = weights
+        cdef float* pointer = &landing[0] if total else NULL
+        with nogil:
+            status = uform_trainer_weights(trainer, pointer, &total, &message)
+        check(status, message, "uform_trainer_weights")
+        return weights
+
+    def probe(self, StepInputs inputs):
+        """A step's forward, loss and backward without the update: (stats dict, float32 gradients)."""
+        cdef size_t total = self.parameters()
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_trainer_t trainer = self._live()
+        gradients = np.zeros(total, np.float32)
+        cdef float[::1] landing = gradients
+        cdef float* pointer = &landing[0] if total else NULL
+        inputs.step.embeddings = NULL
+        memset(&inputs.step.stats, 0, sizeof(uform_trainer_stats_t))
+        with nogil:
+            status = uform_trainer_probe(trainer, &inputs.step, pointer, &message)
+        check(status, message, "uform_trainer_probe")
+        return _stats(&inputs.step.stats), gradients
+
+    def free(self):
+        """Frees the trainer and lets go of its executor and mesh; harmless when already freed."""
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if self.handle == NULL:
+            return
+        with nogil:
+            status = uform_trainer_free(self.handle, &message)
+        check(status, message, "uform_trainer_free")
+        self.handle = NULL
+        self.executor = None
+        self.mesh = None
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            with nogil:
+                uform_trainer_free(self.handle, NULL)

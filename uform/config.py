@@ -1,0 +1,474 @@
+"""Enumerations and config dataclasses: the shape of a training run, in Python's words.
+
+Every config type is a dataclass and may equally be given as a plain dict with the same keys, at
+any nesting level. Absent fields, and fields given as `None`, derive: the C library reads zero as
+"derive the documented default" (see `uform.h`). An unknown key raises `InvalidArgument` naming its
+full path, as does a value of the wrong type.
+
+`normalize_trainer_config` and `normalize_step_config` turn either form into the plain nested dicts
+of C-ready values (ints, floats, uint32 arrays, encoded paths) that the compiled core copies into
+the C structs field for field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import numbers
+import operator
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _native
+from .errors import InvalidArgument
+
+__all__ = [
+    "Modality",
+    "Objective",
+    "Negatives",
+    "PairLossForm",
+    "LateInteractionSide",
+    "Scalar",
+    "ImageShape",
+    "VideoShape",
+    "AudioShape",
+    "BatchShape",
+    "Masking",
+    "Contrastive",
+    "LateInteraction",
+    "Choices",
+    "Schedule",
+    "TrainerConfig",
+    "TrainerStepConfig",
+]
+
+# ---------------------------------------------------------------------------------------------- #
+#  Enumerations                                                                                    #
+# ---------------------------------------------------------------------------------------------- #
+
+
+class Modality(str, enum.Enum):
+    """What the bytes of one training item hold."""
+
+    TEXT = "text"  #: UTF-8 text, tokenized as bytes.
+    IMAGE = "image"  #: An encoded image file (JPEG, PNG, WebP).
+    VIDEO = "video"  #: An encoded video file.
+    AUDIO = "audio"  #: An encoded audio file.
+
+
+class Objective(str, enum.Enum):
+    """Which losses a training step relaxes."""
+
+    MASKED = "masked"  #: Masked reconstruction alone.
+    CONTRASTIVE = "contrastive"  #: The pairwise contrastive loss alone.
+    JOINT = "joint"  #: Both, joined at the final-norm states.
+
+
+class Negatives(str, enum.Enum):
+    """Which pairs the contrastive loss pushes apart."""
+
+    AMBIENT = "ambient"  #: Repel edges, and every pair no edge names.
+    NAMED = "named"  #: Repel edges alone.
+
+
+class PairLossForm(enum.IntEnum):
+    """How a contrastive term turns a row of scores into forces, numbered as the C library numbers them."""
+
+    DERIVED = 0  #: The term's own form: sigmoid for pooled embeddings, ranked for token vectors.
+    BALANCED = 1  #: Sigmoid cross-entropy per cell, attract and repel halves normalized apart.
+    RANKED = 2  #: Sigmoid cross-entropy of every positive's score over every negative's.
+    SIGMOID = 3  #: SigLIP's sigmoid cross-entropy per cell, every cell weighed alike.
+
+
+class LateInteractionSide(enum.IntEnum):
+    """Which side of a late-interaction score an item takes, numbered as the C library numbers them."""
+
+    NONE = 0  #: The item takes no part in late interaction.
+    QUERY = 1  #: The item's tokens score the documents it attracts and repels.
+    DOCUMENT = 2  #: The item's tokens are scored by the queries naming it.
+    QUERY_AND_DOCUMENT = 3  #: The item plays both sides.
+
+
+class Scalar(str, enum.Enum):
+    """The scalar type outputs land in; `I8` stores `round(127 * x)` of unit-norm vectors."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    I8 = "i8"
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Field kinds: how one field's Python value becomes its C value                                   #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def unsigned(value: Any, bits: int, path: str) -> int:
+    """An unsigned integer of `bits` bits, or `InvalidArgument` naming `path`."""
+    if isinstance(value, (bool, np.bool_)):
+        raise InvalidArgument(f"{path}: expected an unsigned integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InvalidArgument(f"{path}: expected an unsigned integer, got {type(value).__name__} {_describe(value)}") from None
+    if number < 0:
+        raise InvalidArgument(f"{path}: {number} is negative, expected an unsigned integer")
+    if number >> bits:
+        raise InvalidArgument(f"{path}: {number} exceeds 2**{bits} - 1")
+    return number
+
+
+def real(value: Any, path: str) -> float:
+    """A real number, or `InvalidArgument` naming `path`. Finiteness and ranges are the C library's to judge."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise InvalidArgument(f"{path}: expected a number, got {type(value).__name__} {_describe(value)}")
+    return float(value)
+
+
+def unsigned_array(values: Any, dtype: Any, path: str) -> np.ndarray:
+    """A one-dimensional C-contiguous array of `dtype` (uint32 or uint64) from a sequence or an array.
+
+    An array already of that dtype and contiguous is returned as is, so C reads the caller's memory;
+    anything else is converted once. Negative, too large or non-integer entries raise `InvalidArgument`
+    naming `path` and the entry.
+    """
+    dtype = np.dtype(dtype)
+    limit = int(np.iinfo(dtype).max)
+    if isinstance(values, np.ndarray):
+        array = values
+    elif isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__") and not hasattr(values, "__iter__"):
+        raise InvalidArgument(f"{path}: expected a sequence of unsigned integers, got {type(values).__name__}")
+    else:
+        try:
+            array = np.asarray(values if hasattr(values, "__len__") else list(values))
+        except (ValueError, TypeError, OverflowError) as failure:
+            raise InvalidArgument(f"{path}: expected a sequence of unsigned integers ({failure})") from None
+    if array.ndim != 1:
+        raise InvalidArgument(f"{path}: expected one dimension, got shape {array.shape}")
+    if array.dtype == dtype:
+        return np.ascontiguousarray(array)
+    if array.size == 0:
+        return np.zeros(0, dtype)
+    kind = array.dtype.kind
+    if kind in "iu":
+        smallest, largest = int(array.min()), int(array.max())
+        if smallest < 0:
+            raise InvalidArgument(f"{path}[{int(array.argmin())}]: {smallest} is negative, expected an unsigned integer")
+        if largest > limit:
+            raise InvalidArgument(f"{path}[{int(array.argmax())}]: {largest} exceeds 2**{dtype.itemsize * 8} - 1")
+        return array.astype(dtype)
+    if kind == "O":
+        return np.array([unsigned(entry, dtype.itemsize * 8, f"{path}[{i}]") for i, entry in enumerate(array)], dtype)
+    first = _describe(array[0].item()) if kind in "fc" else _describe(array[0])
+    raise InvalidArgument(f"{path}: expected unsigned integers, got {array.dtype} (such as {first})")
+
+
+def float32_array(values: Any, path: str) -> np.ndarray:
+    """A one-dimensional C-contiguous float32 array; a float32 array that already is one is kept as is."""
+    if isinstance(values, np.ndarray):
+        array = values
+    elif isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__"):
+        raise InvalidArgument(f"{path}: expected a sequence of numbers, got {type(values).__name__}")
+    else:
+        try:
+            array = np.asarray(values)
+        except (ValueError, TypeError) as failure:
+            raise InvalidArgument(f"{path}: expected a sequence of numbers ({failure})") from None
+    if array.ndim != 1:
+        raise InvalidArgument(f"{path}: expected one dimension, got shape {array.shape}")
+    if array.dtype == np.float32:
+        return np.ascontiguousarray(array)
+    if array.size == 0:
+        return np.zeros(0, np.float32)
+    if array.dtype.kind not in "iuf":
+        raise InvalidArgument(f"{path}: expected numbers, got {array.dtype}")
+    return array.astype(np.float32)
+
+
+class _Kind:
+    """How one field's value becomes what the compiled core copies into the C struct."""
+
+    def __call__(self, value: Any, path: str) -> Any:  # pragma: no cover - every kind overrides it
+        raise NotImplementedError
+
+
+class _Unsigned(_Kind):
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+
+    def __call__(self, value, path):
+        return 0 if value is None else unsigned(value, self.bits, path)
+
+
+class _Real(_Kind):
+    def __call__(self, value, path):
+        return 0.0 if value is None else real(value, path)
+
+
+class _Choice(_Kind):
+    """An enumeration member or its value, as the C library numbers it (`_native.C_ENUMS[table]`)."""
+
+    def __init__(self, enumeration: type, table: Optional[str] = None) -> None:
+        self.enumeration = enumeration
+        self.table = table
+
+    def __call__(self, value, path):
+        if value is None:
+            return 0
+        return enum_value(self.enumeration, value, path, self.table)
+
+
+class _Path(_Kind):
+    def __call__(self, value, path):
+        if value is None:
+            return None
+        return encode_path(value, path)
+
+
+class _Dimensions(_Kind):
+    def __call__(self, value, path):
+        if value is None:
+            return None
+        return unsigned_array(value, np.uint32, path)
+
+
+class _Nested(_Kind):
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+
+    def __call__(self, value, path):
+        return normalize(self.kind, value, path)
+
+
+def enum_member(enumeration: type, value: Any, path: str) -> enum.Enum:
+    """An enumeration member given as itself or its value; `InvalidArgument` naming `path` otherwise."""
+    if isinstance(value, enumeration):
+        return value
+    try:
+        if isinstance(value, (bool, np.bool_, enum.Enum)):
+            raise ValueError  # True is not PairLossForm.BALANCED, nor is a member of another enumeration
+        return enumeration(value)
+    except (ValueError, TypeError):
+        names = ", ".join(repr(m.value) for m in enumeration)
+        raise InvalidArgument(f"{path}: {_describe(value)} is not a {enumeration.__name__} (one of {names})") from None
+
+
+def enum_value(enumeration: type, value: Any, path: str, table: Optional[str] = None) -> int:
+    """The C value of an enumeration member: its own value, or its entry in `_native.C_ENUMS[table]`."""
+    member = enum_member(enumeration, value, path)
+    return int(member.value) if table is None else int(_native.C_ENUMS[table][member.value])
+
+
+def encode_path(value: Any, path: str) -> bytes:
+    """A file-system path as the bytes C reads."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise InvalidArgument(f"{path}: expected a path, got {type(value).__name__} {_describe(value)}")
+    encoded = os.fsencode(value)
+    if b"\0" in encoded:
+        raise InvalidArgument(f"{path}: a path may not hold a NUL character")
+    return encoded
+
+
+def _kind(f: dataclasses.Field) -> _Kind:
+    return f.metadata["kind"]
+
+
+def normalize(kind: type, value: Any, path: str) -> dict:
+    """One config dataclass, given as itself, a dict or `None`, as a dict of C-ready values."""
+    fields = dataclasses.fields(kind)
+    if value is None:
+        given: Mapping = {}
+    elif isinstance(value, kind):
+        given = {f.name: getattr(value, f.name) for f in fields}
+    elif isinstance(value, Mapping):
+        names = {f.name for f in fields}
+        for key in value:
+            if key not in names:
+                raise InvalidArgument(f"{path}.{key}: unknown field")
+        given = value
+    else:
+        raise InvalidArgument(f"{path}: expected a {kind.__name__} or a dict, got {type(value).__name__}")
+    return {f.name: _kind(f)(given.get(f.name), f"{path}.{f.name}") for f in fields}
+
+
+def _field(kind: _Kind, *, required: bool = False, doc: str = ""):
+    metadata = {"kind": kind, "doc": doc}
+    return field(metadata=metadata) if required else field(default=None, metadata=metadata)
+
+
+_U32, _U64, _F32 = _Unsigned(32), _Unsigned(64), _Real()
+
+# ---------------------------------------------------------------------------------------------- #
+#  Config dataclasses                                                                              #
+# ---------------------------------------------------------------------------------------------- #
+
+
+@dataclass
+class ImageShape:
+    """How image items are cut into patches."""
+
+    patch_side: Optional[int] = _field(_U32, doc="Pixels on a patch's side; absent derives 16.")
+    channels: Optional[int] = _field(_U32, doc="Absent derives 3.")
+
+
+@dataclass
+class VideoShape:
+    """How video items are cut into tubelets."""
+
+    patch_side: Optional[int] = _field(_U32, doc="Absent derives 16.")
+    tube_frames: Optional[int] = _field(_U32, doc="Frames in one tubelet; absent derives 2.")
+    frame_stride: Optional[int] = _field(_U32, doc="Frames skipped between kept frames; absent derives 1.")
+    channels: Optional[int] = _field(_U32, doc="Absent derives 3.")
+
+
+@dataclass
+class AudioShape:
+    """How audio items are cut into chunks."""
+
+    chunk_samples: Optional[int] = _field(_U32, doc="Samples in one chunk; absent derives 400.")
+    sample_rate: Optional[int] = _field(_U32, doc="Samples per second audio is resampled to; absent derives 16000.")
+
+
+@dataclass
+class BatchShape:
+    """What one device's step carries at most.
+
+    A row is one packed sequence of `max_columns_per_row` token positions; segments are the items
+    packed into rows.
+    """
+
+    max_rows_per_device: Optional[int] = _field(_U32, doc="Absent derives 64.")
+    max_segments_per_device: Optional[int] = _field(_U32, doc="Items one device takes; absent derives 8 per row.")
+    max_columns_per_row: Optional[int] = _field(_U32, doc="Token positions in a row; absent derives 512.")
+    max_bags_per_device: Optional[int] = _field(_U32, doc="Absent derives max_segments_per_device.")
+    max_choices_per_item: Optional[int] = _field(_U32, doc="Legal bytes one item offers; absent makes no choices.")
+    image: Union[ImageShape, dict, None] = _field(_Nested(ImageShape))
+    video: Union[VideoShape, dict, None] = _field(_Nested(VideoShape))
+    audio: Union[AudioShape, dict, None] = _field(_Nested(AudioShape))
+
+
+@dataclass
+class Masking:
+    """How the masked objective corrupts a batch and weighs its heads."""
+
+    token_mask_probability: Optional[float] = _field(_F32, doc="Share of text positions chosen; absent derives 0.15.")
+    token_mean_span: Optional[float] = _field(_F32, doc="Mean length of a chosen span; absent derives 3.")
+    replace_fraction: Optional[float] = _field(_F32, doc="Chosen positions shown as the mask id; absent derives 0.8.")
+    random_fraction: Optional[float] = _field(_F32, doc="Chosen positions shown as a random byte; absent derives 0.1.")
+    image_mask_ratio: Optional[float] = _field(_F32, doc="Absent derives 0.75.")
+    video_mask_ratio: Optional[float] = _field(_F32, doc="Absent derives 0.9.")
+    audio_mask_ratio: Optional[float] = _field(_F32, doc="Absent derives 0.5.")
+    text_weight: Optional[float] = _field(_F32, doc="Absent derives 1.")
+    image_weight: Optional[float] = _field(_F32, doc="Absent derives 1.")
+    video_weight: Optional[float] = _field(_F32, doc="Absent derives 1.")
+    audio_weight: Optional[float] = _field(_F32, doc="Absent derives 1.")
+
+
+@dataclass
+class Contrastive:
+    """How the contrastive loss scores the pooled embeddings."""
+
+    matryoshka_dimensions: Optional[Sequence[int]] = _field(_Dimensions(), doc="Prefix widths; absent derives [hidden].")
+    temperature_groups: Optional[int] = _field(_U32, doc="Learnable (temperature, bias) pairs; absent derives 1.")
+    inverse_temperature: Optional[float] = _field(_F32, doc="Initial inverse temperature; absent derives 10.")
+    bias: Optional[float] = _field(_F32, doc="Initial bias; absent derives -10.")
+    negatives: Union[Negatives, str, None] = _field(_Choice(Negatives, "negatives"), doc="Absent derives Negatives.AMBIENT.")
+    ambient_repulsion_weight: Optional[float] = _field(_F32, doc="Weight of each ambient negative; absent derives 1.")
+    max_edges_per_device: Optional[int] = _field(_U32, doc="Attract + repel + ignore edges; absent derives 64 per segment.")
+    pair_loss: Union[PairLossForm, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps sigmoid.")
+
+
+@dataclass
+class LateInteraction:
+    """How the late-interaction loss scores token vectors."""
+
+    weight: Optional[float] = _field(_F32, doc="The loss weight; absent trains no token head.")
+    width: Optional[int] = _field(_U32, doc="The token vectors' width, a multiple of 8; absent derives 128.")
+    inverse_temperature: Optional[float] = _field(_F32)
+    bias: Optional[float] = _field(_F32)
+    max_query_span: Optional[int] = _field(_U32)
+    max_query_tokens_per_device: Optional[int] = _field(_U32)
+    max_documents_per_device: Optional[int] = _field(_U32)
+    max_document_tokens_per_device: Optional[int] = _field(_U32)
+    pair_loss: Union[PairLossForm, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps ranked.")
+
+
+@dataclass
+class Choices:
+    """The choices term: read when its weight is positive, which needs `batch.max_choices_per_item`."""
+
+    weight: Optional[float] = _field(_F32, doc="The loss weight.")
+
+
+@dataclass
+class Schedule:
+    """The learning-rate schedule: linear warm-up, then cosine to the minimum at `steps`."""
+
+    steps: int = _field(_U64, required=True, doc="Steps the run takes, which the cosine spans; required.")
+    learning_rate: Optional[float] = _field(_F32, doc="Absent derives 1e-3.")
+    min_learning_rate: Optional[float] = _field(_F32, doc="Absent derives learning_rate / 10.")
+    warmup_steps: Optional[int] = _field(_U64, doc="Absent derives steps / 20.")
+
+
+@dataclass
+class TrainerConfig:
+    """A training run's geometry, objectives and schedule.
+
+    `depth`, `hidden`, `batch`, `objective` and `schedule` are required, as the seed marks them;
+    as a dict, an absent required field reaches the C library as zero, which names what is missing.
+    """
+
+    depth: int = _field(_U32, required=True, doc="Transformer blocks stacked.")
+    hidden: int = _field(_U32, required=True, doc="Embedding width, a multiple of 128.")
+    batch: Union[BatchShape, dict] = _field(_Nested(BatchShape), required=True)
+    objective: Union[Objective, str] = _field(_Choice(Objective, "objective"), required=True)
+    schedule: Union[Schedule, dict] = _field(_Nested(Schedule), required=True)
+    resume: Union[str, os.PathLike, None] = _field(_Path(), doc="The checkpoint to continue from.")
+    masking: Union[Masking, dict, None] = _field(_Nested(Masking))
+    contrastive: Union[Contrastive, dict, None] = _field(_Nested(Contrastive))
+    late_interaction: Union[LateInteraction, dict, None] = _field(_Nested(LateInteraction))
+    choices: Union[Choices, dict, None] = _field(_Nested(Choices))
+    seed: Optional[int] = _field(_U64, doc="The base of every keyed draw, up to 2**64 - 1.")
+
+
+class _ArenaKind(_Kind):
+    def __call__(self, value, path):
+        from .outputs import Arena
+
+        if value is not None and not isinstance(value, Arena):
+            raise InvalidArgument(f"{path}: expected a uform.Arena, got {type(value).__name__}")
+        return value
+
+
+class _ScalarKind(_Kind):
+    def __call__(self, value, path):
+        return Scalar.F32 if value is None else enum_member(Scalar, value, path)
+
+
+@dataclass
+class TrainerStepConfig:
+    """Where a step lands the embeddings it scored, when a caller wants them."""
+
+    arena: Any = _field(_ArenaKind(), doc="A uform.Arena the embeddings land in; absent skips the copy.")
+    outputs_scalar: Union[Scalar, str, None] = _field(_ScalarKind(), doc="The scalar they land as; absent lands F32.")
+
+
+def normalize_trainer_config(config: Any) -> dict:
+    """A `TrainerConfig` or dict as nested dicts of C-ready values."""
+    if config is None:
+        raise InvalidArgument("config: required, a TrainerConfig or a dict")
+    return normalize(TrainerConfig, config, "config")
+
+
+def normalize_step_config(config: Any) -> dict:
+    """A `TrainerStepConfig` or dict as `{"arena": Arena or None, "outputs_scalar": Scalar}`."""
+    return normalize(TrainerStepConfig, config, "config")

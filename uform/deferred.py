@@ -1,0 +1,143 @@
+"""Deferred verbs: one worker thread per executor, and answers both awaitable and waitable.
+
+Every verb on a trainer, blocking or deferred, is a `(future, call)` pair put on its executor's
+queue, so verbs run in the order they were submitted: a blocking `trainer.step` waits behind the
+deferred steps submitted before it. The native call inside releases the GIL, so other Python
+threads and the event loop run while the library works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+__all__ = ["Deferred"]
+
+_STOP = object()
+
+
+class Deferred:
+    """The answer of a deferred verb, before and after it lands.
+
+    `await deferred` and `deferred.wait()` both return the verb's result (a `Stepped` for `step`,
+    None for `save`) or raise its error. Cancelling the awaiting task stops the waiting, never the
+    verb: a submitted verb always runs.
+    """
+
+    __slots__ = ("_future", "_verb")
+
+    def __init__(self, future: concurrent.futures.Future, verb: str) -> None:
+        self._future = future
+        self._verb = verb
+
+    @classmethod
+    def _failed(cls, error: BaseException, verb: str) -> "Deferred":
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_exception(error)
+        return cls(future, verb)
+
+    def done(self) -> bool:
+        """True once the verb has returned or raised."""
+        return self._future.done()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Blocks until the verb lands, then returns its result or raises its error.
+
+        Raises `TimeoutError` when `timeout` seconds pass first; the verb still runs.
+        """
+        return self._future.result(timeout)
+
+    def __await__(self):
+        if not self._future.done():
+            loop = asyncio.get_running_loop()
+            landed = loop.create_future()
+
+            def settle() -> None:
+                if not landed.done():  # the awaiting task may have been cancelled meanwhile
+                    landed.set_result(None)
+
+            def notify(_: concurrent.futures.Future) -> None:
+                try:
+                    loop.call_soon_threadsafe(settle)
+                except RuntimeError:  # the loop closed before the verb landed: nobody waits
+                    pass
+
+            self._future.add_done_callback(notify)
+            yield from landed.__await__()
+        return self._future.result()
+
+    def __repr__(self) -> str:
+        if not self._future.done():
+            state = "pending"
+        elif self._future.exception() is not None:
+            state = f"failed: {type(self._future.exception()).__name__}"
+        else:
+            state = "done"
+        return f"<Deferred {self._verb} {state}>"
+
+
+class Worker:
+    """The thread that runs an executor's verbs in submission order.
+
+    A daemon, so it never keeps the interpreter alive; it stops when its executor is freed or
+    collected. Calls made from the worker itself (say, from a future's done-callback) run at once
+    rather than waiting on the queue they are already inside.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=_serve, args=(self._queue,), name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if threading.current_thread() is self._thread:
+            _settle(future, call)
+        else:
+            self._queue.put((future, call))
+        return future
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        """Runs `call` behind every verb submitted before it, and returns its result."""
+        return self.submit(call).result()
+
+    def stop(self) -> None:
+        """Lets every verb already submitted run, then ends the thread."""
+        self._queue.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def _settle(future: concurrent.futures.Future, call: Callable[[], Any]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = call()
+    except BaseException as error:  # noqa: B036 - the verb's error belongs to whoever waits on it
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _serve(calls: "queue.SimpleQueue[Any]") -> None:
+    while True:
+        job = calls.get()
+        if job is _STOP:
+            return
+        future, call = job
+        job = None
+        _settle(future, call)
+        future = call = None  # let go of the trainer and batch before waiting for the next job
+
+
+def stop_on_collect(owner: Any, worker: Worker) -> None:
+    """Stops `worker` when `owner` is garbage-collected, without keeping `owner` alive."""
+    weakref.finalize(owner, worker._queue.put, _STOP)
