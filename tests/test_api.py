@@ -691,3 +691,36 @@ def test_probe_answers_gradients_without_updating(trainer):
     assert np.array_equal(trainer._weights(), before)
     assert trainer.step(pair_batch()).stats.step == 1  # the probe took no step
     assert not np.array_equal(trainer._weights(), before)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Encoders                                                                                        #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def test_encoder_embeds_as_the_trainer_scores(cpu, tmp_path):
+    checkpoint = tmp_path / "encoder.safetensors"
+    with Trainer.init_ram(cpu, tiny_config(objective=Objective.CONTRASTIVE)) as trainer:
+        trainer.step(pair_batch())
+        trainer.save(checkpoint)
+        scored = trainer.step(pair_batch(), dict(arena=Arena())).embeddings  # scored with the saved weights
+        scored = np.array(scored)
+    with uform.Encoder.load(checkpoint, cpu) as encoder:
+        assert encoder.hidden == HIDDEN and encoder.executor is cpu
+        texts = ["a small red panda", "Red pandas eat bamboo."]
+        rows = encoder.embed([Modality.TEXT] * 2, texts)
+        assert rows.scalar is Scalar.F32 and rows.shape == (2, HIDDEN)
+        assert np.allclose(np.asarray(rows), scored, atol=1e-5)
+        tape = Tape.from_list(texts * 3)  # any number of items, and tapes too
+        many = encoder.deferred().embed(["text"] * 6, tape, scalar=Scalar.BF16).wait()
+        assert many.shape == (6, HIDDEN)
+        assert np.allclose(many.to_float32()[4:], scored, atol=1e-2)
+        with pytest.raises(uform.InvalidArgument, match=r"^modalities: 1 entries, expected items = 2$"):
+            encoder.embed(["text"], texts)
+        with pytest.raises(uform.Busy, match=r"^executor: borrowed by a live encoder"):
+            cpu.free()
+    assert not encoder.alive
+    with pytest.raises(uform.InvalidHandle, match=r"^encoder: used after free\(\)$"):
+        encoder.embed(["text"], ["x"])
+    with pytest.raises(uform.StorageError):
+        uform.Encoder.load(tmp_path / "missing.safetensors", cpu)

@@ -21,7 +21,7 @@ import weakref
 from typing import Any, Optional, Sequence
 
 from . import _native
-from .batch import Edges, Tape, TrainerBatch, normalize_batch
+from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_items
 from .config import (
     AudioShape,
     BatchShape,
@@ -60,6 +60,8 @@ __all__ = [
     "Mesh",
     "Trainer",
     "TrainerDeferred",
+    "Encoder",
+    "EncoderDeferred",
     "Deferred",
     "Modality",
     "Objective",
@@ -461,3 +463,123 @@ class TrainerDeferred:
 
     def __repr__(self) -> str:
         return f"<uform.TrainerDeferred of {self._trainer!r}>"
+
+
+class Encoder:
+    """A checkpoint loaded for inference: pooled embeddings, scored exactly as training scores them.
+
+    Its geometry comes from the checkpoint itself. It borrows its executor until freed, and its
+    verbs run on the executor's worker like a trainer's; `deferred()` has the same verbs answering a
+    `Deferred`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("load an Encoder with Encoder.load(path, executor)")
+
+    @classmethod
+    def load(cls, path: Any, executor: Executor) -> "Encoder":
+        """Loads a checkpoint written by `Trainer.save` onto `executor`."""
+        if not isinstance(executor, Executor):
+            raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
+        source = encode_path(path, "path")
+        handle = executor._handle()
+        native = executor._worker_thread().run(lambda: _native.EncoderHandle.load(handle, source))
+        encoder = cls.__new__(cls)
+        encoder._native = native
+        encoder._executor = executor
+        executor._borrowers.add(encoder)
+        return encoder
+
+    @property
+    def hidden(self) -> int:
+        """The embeddings' width."""
+        return self._handle().hidden
+
+    @property
+    def executor(self) -> Optional[Executor]:
+        """The executor this encoder borrows; None once freed."""
+        return self._executor
+
+    @property
+    def alive(self) -> bool:
+        """False once freed."""
+        return _alive(self)
+
+    def _handle(self) -> Any:
+        native = self._native
+        if native is None:
+            raise InvalidHandle("encoder: used after free()")
+        return native
+
+    def _embed_call(self, modalities: Any, contents: Any, scalar: Any, arena: Optional[Arena]):
+        native = self._handle()
+        kinds, tape, items = normalize_items(modalities, contents)
+        settings = normalize_step_config(dict(arena=arena, outputs_scalar=scalar))
+        scalar, hidden = settings["outputs_scalar"], native.hidden
+        nbytes = items * hidden * _ITEM_BYTES[scalar]
+        c_scalar = _native.C_ENUMS["scalar"][scalar.value]
+
+        def embed() -> Rows:
+            landing = Arena()._reserve(nbytes) if arena is None else arena._reserve(nbytes)
+            native.embed(kinds, tape, landing, c_scalar)
+            return Rows(landing, scalar, (items, hidden))
+
+        return embed
+
+    def embed(self, modalities: Sequence[Any], contents: Any, scalar: Any = Scalar.F32,
+              arena: Optional[Arena] = None) -> Rows:
+        """Pooled, unit-norm embeddings of any number of items, as `Rows` (items x hidden).
+
+        `contents` is a list of str / bytes or a `Tape`. The rows land in fresh memory, or in
+        `arena` when given (then valid until the arena's next use).
+        """
+        call = self._embed_call(modalities, contents, scalar, arena)
+        return self._executor._worker_thread().run(call)
+
+    def deferred(self) -> "EncoderDeferred":
+        """The same verbs, each submitted to the executor's worker and answered as a `Deferred`."""
+        return EncoderDeferred(self)
+
+    def free(self) -> None:
+        """Frees the encoder, after the verbs already submitted, and lets go of its executor.
+
+        Harmless when already freed.
+        """
+        native = self._native
+        if native is None:
+            return
+        self._executor._worker_thread().run(native.free)
+        self._native = None
+        self._executor._borrowers.discard(self)
+        self._executor = None
+
+    def __enter__(self) -> "Encoder":
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return f"<uform.Encoder{'' if self._native is not None else ' freed'}>"
+
+
+class EncoderDeferred:
+    """An encoder's verbs, each submitted to its executor's worker and answered at once as a `Deferred`."""
+
+    __slots__ = ("_encoder",)
+
+    def __init__(self, encoder: Encoder) -> None:
+        self._encoder = encoder
+
+    def embed(self, modalities: Sequence[Any], contents: Any, scalar: Any = Scalar.F32,
+              arena: Optional[Arena] = None) -> Deferred:
+        """`Encoder.embed`, deferred: the items are read now, embedded on the worker."""
+        try:
+            call = self._encoder._embed_call(modalities, contents, scalar, arena)
+            worker = self._encoder._executor._worker_thread()
+        except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
+            return Deferred._failed(error, "embed")
+        return Deferred(worker.submit(call), "embed")
+
+    def __repr__(self) -> str:
+        return f"<uform.EncoderDeferred of {self._encoder!r}>"

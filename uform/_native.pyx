@@ -552,3 +552,77 @@ cdef class TrainerHandle:
         if self.handle != NULL:
             with nogil:
                 uform_trainer_free(self.handle, NULL)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Encoders                                                                                        #
+# ---------------------------------------------------------------------------------------------- #
+
+
+@cython.no_gc_clear  # its executor must outlive it, even inside a collected cycle
+cdef class EncoderHandle:
+    """One `uform_encoder_t`; it keeps its executor's handle alive until freed."""
+
+    cdef uform_encoder_t handle
+    cdef ExecutorHandle executor
+    cdef readonly size_t hidden
+
+    def __cinit__(self):
+        self.handle = NULL
+        self.hidden = 0
+
+    @staticmethod
+    def load(ExecutorHandle executor, bytes path):
+        cdef EncoderHandle encoder = EncoderHandle()
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_executor_t devices = _executor(executor)
+        cdef const char* source = path
+        with nogil:
+            status = uform_encoder_load(devices, source, &encoder.handle, &encoder.hidden, &message)
+        check(status, message, "uform_encoder_load")
+        encoder.executor = executor
+        return encoder
+
+    @property
+    def alive(self):
+        return self.handle != NULL
+
+    def embed(self, modalities, contents, embeddings, int scalar):
+        """Embeds `contents` (a pinnable byte tape) into `embeddings`, a writable uint8 array of count x hidden scalars."""
+        cdef const uint32_t[::1] kinds = modalities
+        cdef TapePin tape = TapePin()
+        cdef uint8_t[::1] landing = embeddings
+        cdef uform_encoder_embed_t embed
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if self.handle == NULL:
+            raise InvalidHandle("encoder: used after free()")
+        memset(&embed, 0, sizeof(embed))
+        embed.count = kinds.shape[0]
+        embed.modalities = <const uform_modality_t*>_per_item(kinds)
+        tape.fill(&embed.contents, contents)
+        embed.embeddings = <void*>&_nothing
+        if landing.shape[0]:
+            embed.embeddings = <void*>&landing[0]
+        embed.embeddings_scalar = <uform_scalar_t>scalar
+        with nogil:
+            status = uform_encoder_embed(self.handle, &embed, &message)
+        check(status, message, "uform_encoder_embed")
+
+    def free(self):
+        """Frees the encoder and lets go of its executor; harmless when already freed."""
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if self.handle == NULL:
+            return
+        with nogil:
+            status = uform_encoder_free(self.handle, &message)
+        check(status, message, "uform_encoder_free")
+        self.handle = NULL
+        self.executor = None
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            with nogil:
+                uform_encoder_free(self.handle, NULL)

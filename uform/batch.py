@@ -308,3 +308,10 @@ def normalize_batch(batch: Any, path: str = "batch") -> dict:
     for name in _RELATIONS:
         normalized[name] = _edges((relations or {}).get(name), items, f"{path}.relations.{name}")
     return normalized
+
+
+def normalize_items(modalities: Any, contents: Any):
+    """An encoder's inputs as (uint32 modalities, pinnable contents tape, count)."""
+    tape = _tape(contents, "contents", float32=False)
+    items = len(tape)
+    return _modalities(modalities, items, "modalities"), tape._pinnable("contents", float32=False), items

@@ -9,6 +9,7 @@ threads and the event loop run while the library works.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import queue
 import threading
@@ -83,15 +84,19 @@ class Deferred:
 class Worker:
     """The thread that runs an executor's verbs in submission order.
 
-    A daemon, so it never keeps the interpreter alive; it stops when its executor is freed or
-    collected. Calls made from the worker itself (say, from a future's done-callback) run at once
-    rather than waiting on the queue they are already inside.
+    A daemon, so it never keeps the interpreter alive: at exit, verbs not yet started are
+    cancelled and only the one already inside the library is waited for, since the process's
+    libraries (OpenBLAS, CUDA) must not be torn down under a running native call. It stops when
+    its executor is freed or collected. Calls made from the worker itself (say, from a future's
+    done-callback) run at once rather than waiting on the queue they are already inside.
     """
 
     def __init__(self, name: str) -> None:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._thread = threading.Thread(target=_serve, args=(self._queue,), name=name, daemon=True)
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=_serve, args=(self._queue, self._closing), name=name, daemon=True)
         self._thread.start()
+        _workers.add(self)
 
     def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -111,9 +116,17 @@ class Worker:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def _abandon(self) -> None:
+        """Cancels the verbs not yet started and ends the thread after the one running, if any."""
+        self._closing.set()
+        self._queue.put(_STOP)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+_workers: "weakref.WeakSet[Worker]" = weakref.WeakSet()
 
 
 def _settle(future: concurrent.futures.Future, call: Callable[[], Any]) -> None:
@@ -127,15 +140,28 @@ def _settle(future: concurrent.futures.Future, call: Callable[[], Any]) -> None:
         future.set_result(result)
 
 
-def _serve(calls: "queue.SimpleQueue[Any]") -> None:
+def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
     while True:
         job = calls.get()
         if job is _STOP:
             return
         future, call = job
         job = None
-        _settle(future, call)
+        if closing.is_set():
+            future.cancel()
+        else:
+            _settle(future, call)
         future = call = None  # let go of the trainer and batch before waiting for the next job
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    workers = list(_workers)
+    for worker in workers:
+        worker._abandon()
+    for worker in workers:
+        if worker._thread is not threading.current_thread():
+            worker._thread.join()
 
 
 def stop_on_collect(owner: Any, worker: Worker) -> None:

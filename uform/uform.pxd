@@ -220,6 +220,18 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_trainer_save(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_free(uform_trainer_t trainer, const char** error)
 
+    ctypedef struct uform_encoder_embed_t:
+        size_t count
+        const uform_modality_t* modalities
+        uform_tape_t contents
+        void* embeddings
+        uform_scalar_t embeddings_scalar
+
+    uform_status_t uform_encoder_load(uform_executor_t executor, const char* path, uform_encoder_t* encoder,
+                                      size_t* hidden, const char** error)
+    uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, const char** error)
+    uform_status_t uform_encoder_free(uform_encoder_t encoder, const char** error)
+
 
 cdef extern from "internal.h" nogil:
 
