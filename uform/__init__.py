@@ -183,7 +183,7 @@ class Executor:
                 return
             borrowers = [type(b).__name__.lower() for b in list(self._borrowers) if _alive(b)]
             if borrowers:
-                raise Busy(f"executor: borrowed by a live {' and a live '.join(sorted(set(borrowers)))}; free it first")
+                raise Busy(f"executor: borrowed by a live {' and a live '.join(sorted(set(borrowers)))}; free those first")
             self._native.free()
             self._native = None
             worker, self._worker = self._worker, None

@@ -131,7 +131,10 @@ def real(value: Any, path: str) -> float:
     """A real number, or `InvalidArgument` naming `path`. Finiteness and ranges are the C library's to judge."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{path}: expected a number, got {type(value).__name__} {_describe(value)}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise InvalidArgument(f"{path}: {_describe(value)} does not fit a float") from None
 
 
 def unsigned_array(values: Any, dtype: Any, path: str) -> np.ndarray:

@@ -50,7 +50,10 @@ class Deferred:
 
         Raises `TimeoutError` when `timeout` seconds pass first; the verb still runs.
         """
-        return self._future.result(timeout)
+        landed, _ = concurrent.futures.wait([self._future], timeout)
+        if not landed:
+            raise TimeoutError(f"the deferred {self._verb} did not land within {timeout} s")
+        return self._future.result()
 
     def __await__(self):
         if not self._future.done():
