@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import safetensors.numpy
 
 import uform
 from uform import Edges, Executor, Modality, Objective, Trainer
@@ -66,7 +67,7 @@ def slow(cpu):
     trainer = Trainer.init_ram(cpu, SLOW)
     started = time.perf_counter()
     trainer.step(slow_batch())  # warm up, and make sure a step is long enough to watch
-    assert time.perf_counter() - started > 0.05, "the slow configuration is too fast to observe concurrency"
+    assert time.perf_counter() - started > 0.03, "the slow configuration is too fast to observe concurrency"
     yield trainer
     trainer.free()
 
@@ -83,13 +84,12 @@ async def test_awaited_steps_land_in_submission_order(trainer):
 
 
 async def test_deferred_save_lands_after_the_steps_before_it(trainer, tmp_path):
-    safetensors_numpy = pytest.importorskip("safetensors.numpy")
     deferred = trainer.deferred()
     steps = [deferred.step(pair_batch()) for _ in range(3)]
     saved = deferred.save(tmp_path / "checkpoint.safetensors")
     assert await saved is None
     assert all(step.done() for step in steps)
-    tensors = safetensors_numpy.load_file(str(tmp_path / "checkpoint.safetensors"))
+    tensors = safetensors.numpy.load_file(str(tmp_path / "checkpoint.safetensors"))
     assert tensors
     with uform.Executor.for_ram(threads=1) as cpu:
         resumed = Trainer.init_ram(cpu, dict(TINY, resume=str(tmp_path / "checkpoint.safetensors")))
@@ -172,7 +172,7 @@ async def test_the_event_loop_runs_while_a_step_does(slow):
     ticking.cancel()
     during = [tick for tick in ticks if submitted < tick < landed]
     assert stepped.stats.step == 2
-    assert landed - submitted > 0.05
+    assert landed - submitted > 0.03
     assert len(during) >= 10, f"{len(during)} ticks in {landed - submitted:.3f} s"
 
 
@@ -217,13 +217,13 @@ def test_the_gil_is_released_during_a_blocking_step(slow):
     # The step runs on the executor's worker thread; if it held the GIL through the native call,
     # the counting thread could not run at all in the middle of the step.
     stepped, middle, seconds = _count_during(lambda: slow.step(slow_batch()))
-    assert stepped.stats.step == 2 and seconds > 0.05
+    assert stepped.stats.step == 2 and seconds > 0.03
     assert len(middle) >= 10, f"the counter advanced {len(middle)} times in the middle of a {seconds:.3f} s step"
 
 
 def test_the_gil_is_released_during_a_probe(slow):
     (stats, gradients), middle, seconds = _count_during(lambda: slow._probe(slow_batch()))
-    assert np.any(gradients != 0) and seconds > 0.05
+    assert np.any(gradients != 0) and seconds > 0.03
     assert len(middle) >= 10, f"the counter advanced {len(middle)} times in the middle of a {seconds:.3f} s probe"
 
 
