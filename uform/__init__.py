@@ -343,8 +343,10 @@ class Trainer:
         return native
 
     def _worker(self) -> Worker:
-        self._handle()
-        return self._executor._worker_thread()
+        executor = self._executor
+        if self._native is None or executor is None:
+            raise InvalidHandle("trainer: used after free()")
+        return executor._worker_thread()
 
     def _step_call(self, batch: Any, config: Any):
         """Checks and pins the batch now; answers the call that runs the step on the worker."""
@@ -395,15 +397,14 @@ class Trainer:
 
         Harmless when already freed.
         """
-        native = self._native
-        if native is None:
+        native, executor, mesh = self._native, self._executor, self._mesh
+        if native is None or executor is None:
             return
-        self._executor._worker_thread().run(native.free)
-        self._native = None
-        self._executor._borrowers.discard(self)
-        if self._mesh is not None:
-            self._mesh._borrowers.discard(self)
-        self._executor = self._mesh = None
+        executor._worker_thread().run(native.free)
+        self._native = self._executor = self._mesh = None
+        executor._borrowers.discard(self)
+        if mesh is not None:
+            mesh._borrowers.discard(self)
 
     def _probe(self, batch: Any):
         """For tests: a step's loss and gradients without the update, as (Stats, float32 gradients)."""
@@ -545,13 +546,12 @@ class Encoder:
 
         Harmless when already freed.
         """
-        native = self._native
-        if native is None:
+        native, executor = self._native, self._executor
+        if native is None or executor is None:
             return
-        self._executor._worker_thread().run(native.free)
-        self._native = None
-        self._executor._borrowers.discard(self)
-        self._executor = None
+        executor._worker_thread().run(native.free)
+        self._native = self._executor = None
+        executor._borrowers.discard(self)
 
     def __enter__(self) -> "Encoder":
         return self
