@@ -32,8 +32,8 @@ class BuildExt(build_ext):
     """Names the plain C library `libuform.so`, not after the Python ABI."""
 
     def get_ext_filename(self, name):
-        if name == "uform.libuform":
-            return os.path.join("uform", "libuform.so")
+        if name.split(".")[-1] == "libuform":  # asked with the full name or its last part alone
+            return os.path.join(*name.split(".")[:-1], "libuform.so")
         return super().get_ext_filename(name)
 
     def get_export_symbols(self, ext):
