@@ -21,7 +21,10 @@ openblas = dict(
     runtime_library_dirs=["$ORIGIN/../scipy_openblas32/lib", scipy_openblas32.get_lib_dir()],
 )
 sanitize = os.environ.get("UFORM_SANITIZE")  # e.g. "address,undefined" for a checked build
-compile_args = ["-O3", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+# uform builds from source where it runs, so it may use every vector unit of this CPU; set
+# UFORM_MARCH=x86-64 (or another -march value) for a build that must run on other machines.
+march = os.environ.get("UFORM_MARCH", "native")
+compile_args = ["-O3", f"-march={march}", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 link_args = ["-fopenmp"]
 if sanitize:
     compile_args += ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]

@@ -38,16 +38,20 @@ def first_paragraph(doc):
 
 def stdlib_pairs():
     """(signature, docstring) pairs from the standard library, deterministic for one Python version."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # deprecated modules warn when imported or inspected
+        return _stdlib_pairs()
+
+
+def _stdlib_pairs():
     pairs, seen_docs, seen_signatures = [], set(), set()
     for module_name in sorted(getattr(sys, "stdlib_module_names", ())):
         if module_name.startswith("_") or module_name in SKIPPED_MODULES:
             continue
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            try:
-                module = importlib.import_module(module_name)
-            except BaseException:
-                continue
+        try:
+            module = importlib.import_module(module_name)
+        except BaseException:
+            continue
         candidates = []
         for name, value in sorted(vars(module).items()):
             if name.startswith("_") or getattr(value, "__module__", None) != module_name:
@@ -102,8 +106,9 @@ def recall_at_1(encoder, pairs):
 class Progress:
     """A one-line progress bar on stderr: step, loss, throughput and time left."""
 
-    def __init__(self, total, stream=sys.stderr):
-        self.total, self.stream, self.start, self.tokens, self.smoothed = total, stream, time.perf_counter(), 0, None
+    def __init__(self, total, stream=None):
+        self.total, self.stream = total, stream or sys.stderr
+        self.start, self.tokens, self.smoothed = time.perf_counter(), 0, None
 
     def update(self, done, stats):
         self.tokens += stats.tokens
@@ -131,6 +136,8 @@ def main(argv=None):
     parser.add_argument("--held-out", type=int, default=400)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--objective", choices=[o.value for o in uform.Objective], default="joint")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads; all cores when absent")
     parser.add_argument("--out", default=os.path.join("runs", "demo.safetensors"))
     parser.add_argument("--seed", type=int, default=0)
@@ -149,10 +156,10 @@ def main(argv=None):
         executor = uform.Executor.for_ram(threads=args.threads)
         init = uform.Trainer.init_ram
     config = uform.TrainerConfig(
-        depth=args.depth, hidden=args.hidden, objective=uform.Objective.JOINT, seed=args.seed,
+        depth=args.depth, hidden=args.hidden, objective=uform.Objective(args.objective), seed=args.seed,
         batch=uform.BatchShape(max_rows_per_device=2 * args.pairs_per_step, max_columns_per_row=128,
                                max_segments_per_device=2 * args.pairs_per_step),
-        schedule=uform.Schedule(learning_rate=2e-3, steps=args.steps, warmup_steps=max(1, args.steps // 20)),
+        schedule=uform.Schedule(learning_rate=args.learning_rate, steps=args.steps, warmup_steps=max(1, args.steps // 20)),
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with executor, init(executor, config) as trainer:
