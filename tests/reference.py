@@ -34,8 +34,10 @@ def uniform(k):
 SPAN, CORRUPT, BYTE = 2, 3, 4
 
 
-def mask_item(data, seed, step, item, probability=0.15, mean_span=3.0, replace=0.8, random=0.1):
+def mask_item(data, seed, step, item, token_mask_probability=0.15, token_mean_span=3.0, replace_fraction=0.8,
+              random_fraction=0.1):
     """Returns (ids the model sees, chosen positions) for one text item."""
+    probability, mean_span, replace, random = token_mask_probability, token_mean_span, replace_fraction, random_fraction
     ids = list(data)
     chosen = []
     start_probability = np.float32(np.float32(probability) / np.float32(mean_span))

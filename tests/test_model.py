@@ -24,9 +24,11 @@ DEPTH = 2
 def config(objective="joint", form=uform.PairLossForm.SIGMOID, dimensions=None, **extra):
     contrastive = dict(pair_loss=form, temperature_groups=2, matryoshka_dimensions=dimensions)
     contrastive.update(extra.pop("contrastive", {}))
-    return dict(depth=DEPTH, hidden=128, objective=objective, seed=5, schedule=dict(steps=20, warmup_steps=2),
+    made = dict(depth=DEPTH, hidden=128, objective=objective, seed=5, schedule=dict(steps=20, warmup_steps=2),
                 batch=dict(max_rows_per_device=8, max_columns_per_row=32, max_segments_per_device=16),
-                contrastive=contrastive, **extra)
+                contrastive=contrastive)
+    made.update(extra)
+    return made
 
 
 def batch(items=ITEMS, relations=RELATIONS, groups=GROUPS):
@@ -48,18 +50,35 @@ def named_weights(trainer, tmp_path, flat):
 
 FORMS = {uform.PairLossForm.SIGMOID: "sigmoid", uform.PairLossForm.BALANCED: "balanced",
          uform.PairLossForm.RANKED: "ranked"}
+MASKING = dict(token_mask_probability=0.3, token_mean_span=2.0, replace_fraction=0.5, random_fraction=0.3)
 CASES = [
-    ("masked", uform.PairLossForm.SIGMOID, None),
-    ("contrastive", uform.PairLossForm.SIGMOID, [64, 128]),
-    ("contrastive", uform.PairLossForm.BALANCED, None),
-    ("contrastive", uform.PairLossForm.RANKED, [128, 64]),
-    ("joint", uform.PairLossForm.SIGMOID, [64, 128]),
+    ("masked", uform.PairLossForm.SIGMOID, None, {}),
+    ("masked", uform.PairLossForm.SIGMOID, None, dict(masking=MASKING, text_weight=0.5)),
+    ("contrastive", uform.PairLossForm.SIGMOID, [64, 128], {}),
+    ("contrastive", uform.PairLossForm.BALANCED, None, {}),
+    ("contrastive", uform.PairLossForm.BALANCED, None, dict(negatives="named")),
+    ("contrastive", uform.PairLossForm.RANKED, [128, 64], dict(ambient_weight=0.25)),
+    ("joint", uform.PairLossForm.SIGMOID, [64, 128], dict(ambient_weight=0.5, text_weight=2.0)),
 ]
 
 
-@pytest.mark.parametrize("objective,form,dimensions", CASES)
-def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_path, objective, form, dimensions):
-    with uform.Trainer.init_ram(executor, config(objective, form, dimensions)) as trainer:
+def settings(objective, form, dimensions, options):
+    """The trainer's config for a case, and the reference's keyword arguments for the same case."""
+    masking = dict(options.get("masking", {}))
+    if "text_weight" in options:
+        masking["text_weight"] = options["text_weight"]
+    contrastive = dict(negatives=options.get("negatives"), ambient_repulsion_weight=options.get("ambient_weight"))
+    reference = dict(objective=objective, form=FORMS[form], dimensions=dimensions,
+                     negatives=options.get("negatives", "ambient"), ambient_weight=options.get("ambient_weight", 1.0),
+                     masking=options.get("masking"), text_weight=options.get("text_weight", 1.0))
+    return config(objective, form, dimensions, masking=masking, contrastive=contrastive), reference
+
+
+@pytest.mark.parametrize("objective,form,dimensions,options", CASES)
+def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_path, objective, form, dimensions,
+                                                                options):
+    trainer_config, reference = settings(objective, form, dimensions, options)
+    with uform.Trainer.init_ram(executor, trainer_config) as trainer:
         for _ in range(2):  # leave the initial point, so moments and weights are not special
             trainer.step(batch())
         weights = named_weights(trainer, tmp_path, trainer._weights())
@@ -67,8 +86,7 @@ def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_pat
         gradients = named_weights(trainer, tmp_path, flat_gradients)
 
     def loss(w):
-        return step_losses(w, ITEMS, depth=DEPTH, objective=objective, seed=5, step=3, relations=RELATIONS,
-                           groups=GROUPS, form=FORMS[form], dimensions=dimensions)
+        return step_losses(w, ITEMS, depth=DEPTH, seed=5, step=3, relations=RELATIONS, groups=GROUPS, **reference)
 
     total, masked, contrastive = loss(weights)
     assert stats.loss == pytest.approx(total, rel=2e-4)
@@ -295,3 +313,41 @@ def test_truncated_items_are_counted(executor):
     with uform.Trainer.init_ram(executor, config()) as trainer:
         stats = trainer.step(long).stats
     assert stats.truncated_items == 1 and stats.tokens == 32 + 5 and stats.items == 2
+
+
+def test_schedule_warms_up_then_follows_the_cosine(executor):
+    rates = []
+    schedule = dict(steps=10, warmup_steps=2, learning_rate=1e-2, min_learning_rate=1e-3)
+    with uform.Trainer.init_ram(executor, config(schedule=schedule)) as trainer:
+        for _ in range(12):
+            rates.append(trainer.step(batch()).stats.learning_rate)
+    expected = [1e-2 * s / 2 if s <= 2 else 1e-3 + 0.5 * (1e-2 - 1e-3) * (1 + math.cos(math.pi * (s - 2) / 8))
+                for s in range(1, 11)] + [1e-3, 1e-3]
+    assert rates == pytest.approx(expected, rel=1e-5)
+
+
+def test_update_is_clipped_adamw_over_the_reported_gradients(executor, tmp_path):
+    """One update from fresh moments, recomputed in numpy from the probed gradients and the documented rules."""
+    schedule = dict(steps=10, warmup_steps=1, learning_rate=0.05)
+    with uform.Trainer.init_ram(executor, config(schedule=schedule)) as trainer:
+        before = trainer._weights().astype(np.float64)
+        stats, gradients = trainer._probe(batch())
+        stepped = trainer.step(batch()).stats
+        after = trainer._weights().astype(np.float64)
+        path = str(tmp_path / "names.safetensors")
+        trainer.save(path)
+    assert stepped.grad_norm == pytest.approx(stats.grad_norm) and stepped.loss == stats.loss
+    norm = np.sqrt((gradients.astype(np.float64) ** 2).sum())
+    assert norm == pytest.approx(stats.grad_norm, rel=1e-5) and norm > 1  # clipping is in play
+    g = gradients.astype(np.float64) / norm  # clipped to norm 1
+    first, second = 0.1 * g, 0.05 * g * g
+    update = (first / 0.1) / (np.sqrt(second / 0.05) + 1e-8)
+    decays = np.zeros_like(before)
+    offset = 0
+    for name in tensor_names(DEPTH):
+        shape = safetensors.numpy.load_file(path)[name].shape
+        size = int(np.prod(shape))
+        decays[offset:offset + size] = len(shape) == 2
+        offset += (size + 15) // 16 * 16
+    expected = before - 0.05 * (update + 0.1 * decays * before)
+    np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-6)
