@@ -1,6 +1,6 @@
 """The main job: train a small encoder to match Python signatures with their docstrings.
 
-    python -m uform.demo [--steps 600] [--out runs/demo.safetensors]
+    python -m uform.demo [--steps 1200] [--out runs/demo.safetensors]
 
 The data set is built from the standard library of the Python that runs this: every public
 function, class and method with a signature and a docstring gives one pair, the signature text
@@ -131,12 +131,12 @@ class Progress:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--pairs-per-step", type=int, default=32)
     parser.add_argument("--held-out", type=int, default=400)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--objective", choices=[o.value for o in uform.Objective], default="joint")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads; all cores when absent")
     parser.add_argument("--out", default=os.path.join("runs", "demo.safetensors"))
