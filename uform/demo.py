@@ -1,6 +1,6 @@
 """The main job: train a small encoder to match Python signatures with their docstrings.
 
-    python -m uform.demo [--steps 1200] [--out runs/demo.safetensors]
+    uform-demo [--steps 1200] [--out runs/demo.safetensors]      # or: python -m uform.demo
 
 The data set is built from the standard library of the Python that runs this: every public
 function, class and method with a signature and a docstring gives one pair, the signature text
