@@ -40,3 +40,31 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert "recall@1 on 32 held-out pairs before training" in printed.out
     assert "after 3 steps" in printed.out and "3/3" in printed.err
     assert out.exists()
+
+
+RUN = """
+import hashlib, uform
+items = [b"alpha beta gamma", b"delta epsilon", b"zeta eta theta iota", b"kappa lambda mu"] * 4
+config = dict(depth=2, hidden=128, objective="joint", seed=9,
+              batch=dict(max_rows_per_device=8, max_columns_per_row=64), schedule=dict(steps=10))
+with uform.Executor.for_ram(threads=2) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+    for _ in range(4):
+        stats = trainer.step(dict(modalities=["text"] * 16, contents=items,
+                                  relations=dict(attract=dict(offsets=list(range(17)), ids=[i ^ 1 for i in range(16)]))))
+    print(stats.loss, hashlib.sha256(trainer._weights().tobytes()).hexdigest())
+"""
+
+
+def test_the_same_seed_and_batches_reproduce_the_same_run_in_another_process(tmp_path):
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+            for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0].split()) == 2
+
+
+def test_the_main_jobs_pairs_are_the_same_in_every_process():
+    pairs = demo.stdlib_pairs()
+    assert len(pairs) > 1000
+    assert not [signature for signature, _ in pairs if " at 0x" in signature]

@@ -17,6 +17,7 @@ import io
 import contextlib
 import os
 import random
+import re
 import sys
 import time
 import warnings
@@ -65,7 +66,8 @@ def _stdlib_pairs():
                 candidates.append((f"{module_name}.{name}", value))
         for qualified_name, value in candidates:
             try:
-                signature = f"{qualified_name}{inspect.signature(value)}"
+                # Defaults like `<object object at 0x7f...>` carry addresses: drop them, so every run sees the same text.
+                signature = re.sub(r" at 0x[0-9a-fA-F]+", "", f"{qualified_name}{inspect.signature(value)}")
                 doc = inspect.getdoc(value)
             except (TypeError, ValueError):
                 continue
