@@ -1,5 +1,9 @@
 """End to end on a small real task: signature/docstring pairs of the standard library. The loss goes
 down, retrieval of the pairs trained on improves, and the main job's pieces work together."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 import uform
@@ -56,11 +60,10 @@ with uform.Executor.for_ram(threads=2) as cpu, uform.Trainer.init_ram(cpu, confi
 
 
 def test_the_same_seed_and_batches_reproduce_the_same_run_in_another_process(tmp_path):
-    import subprocess
-    import sys
-
-    runs = [subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, cwd=tmp_path, check=True).stdout
-            for _ in range(2)]
+    # the child imports the same uform this process tests, installed or built in place
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
+    runs = [subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, cwd=tmp_path, env=env,
+                           check=True).stdout for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0].split()) == 2
 
 
