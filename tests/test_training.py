@@ -54,7 +54,7 @@ config = dict(depth=2, hidden=128, objective="joint", seed=9,
 with uform.Executor.for_ram(threads=2) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
     for _ in range(4):
         stats = trainer.step(dict(modalities=["text"] * 16, contents=items,
-                                  relations=dict(attract=dict(offsets=list(range(17)), ids=[i ^ 1 for i in range(16)]))))
+                                  relations=dict(attract=dict(offsets=list(range(17)), ids=[i ^ 1 for i in range(16)])))).stats
     print(stats.loss, hashlib.sha256(trainer._weights().tobytes()).hexdigest())
 """
 
@@ -62,9 +62,10 @@ with uform.Executor.for_ram(threads=2) as cpu, uform.Trainer.init_ram(cpu, confi
 def test_the_same_seed_and_batches_reproduce_the_same_run_in_another_process(tmp_path):
     # the child imports the same uform this process tests, installed or built in place
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
-    runs = [subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, cwd=tmp_path, env=env,
-                           check=True).stdout for _ in range(2)]
-    assert runs[0] == runs[1] and len(runs[0].split()) == 2
+    runs = [subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, cwd=tmp_path, env=env)
+            for _ in range(2)]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout and len(runs[0].stdout.split()) == 2
 
 
 def test_the_main_jobs_pairs_are_the_same_in_every_process():
