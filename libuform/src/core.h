@@ -22,24 +22,29 @@ typedef enum uform_handle_kind_t {
     uform_handle_encoder_k = 4,
 } uform_handle_kind_t;
 
-/** Every handle starts with this, so the table of live handles can say what it points to. */
+/** Every object behind a handle starts with this; the table of live handles sets and guards it. */
 typedef struct uform_handle_t {
     uform_handle_kind_t kind;
-    size_t borrowers; /* trainers borrowing this executor or mesh; guarded by the table's lock */
+    size_t borrowers; /* trainers borrowing this executor or mesh, or calls running on this trainer or encoder */
 } uform_handle_t;
 
-/** Adds a handle to the table of live ones. */
-uform_status_t uform_handles_add(void* handle, char const** error);
-/** Checks a handle is live and of `kind`; `what` names it in the message. */
+/** Adds `object` to the table of live handles and answers the handle callers will know it by: a token
+ *  never issued before, not the object's address, so a freed handle stays refused after its memory is reused. */
+uform_status_t uform_handles_add(void* object, uform_handle_kind_t kind, void** handle, char const** error);
+/** Checks a handle is live and of `kind`; `what` names it in the message. Says nothing of its object,
+ *  which another thread may free right after: take it with `uform_handles_acquire` to use it. */
 uform_status_t uform_handles_check(void const* handle, uform_handle_kind_t kind, char const* what,
                                    char const** error);
-/** Removes a handle unless something borrows it; NULL, freed or foreign handles are refused. */
-uform_status_t uform_handles_remove(void* handle, uform_handle_kind_t kind, char const* what, char const** error);
-/** Checks a handle like `uform_handles_check` and, when live, counts one more borrower of it, so it cannot
- *  be freed until `uform_handles_borrow(handle, -1)`: verbs hold their trainer this way for their call. */
-uform_status_t uform_handles_acquire(void* handle, uform_handle_kind_t kind, char const* what, char const** error);
-/** Adds or drops one borrower of a live handle. */
-void uform_handles_borrow(void* handle, int delta);
+/** Removes a handle and answers its object, unless something borrows it; NULL, freed or foreign handles are refused. */
+uform_status_t uform_handles_remove(void* handle, uform_handle_kind_t kind, char const* what, void** object,
+                                    char const** error);
+/** Checks a handle like `uform_handles_check` and, when live, answers its object and counts one more borrower
+ *  of it, so it cannot be freed until `uform_handles_release(object)`: a trainer holds its executor and mesh
+ *  this way for its life, and verbs hold their trainer or encoder for their call. */
+uform_status_t uform_handles_acquire(void* handle, uform_handle_kind_t kind, char const* what, void** object,
+                                     char const** error);
+/** Drops one borrower of an object taken with `uform_handles_acquire`; NULL is ignored. */
+void uform_handles_release(void* object);
 
 typedef struct uform_executor_s {
     uform_handle_t handle;

@@ -28,32 +28,32 @@ uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, u
     config.schedule.steps = 1;
     uform_encoder_s* made = calloc(1, sizeof(uform_encoder_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for an encoder");
-    made->handle.kind = uform_handle_encoder_k;
     made->hidden = config.hidden;
     status = uform_trainer_init_ram(executor, &config, NULL, &made->trainer, error);
-    if (status == uform_status_success_k) status = uform_handles_add(made, error);
+    if (status == uform_status_success_k) status = uform_handles_add(made, uform_handle_encoder_k, encoder, error);
     if (status != uform_status_success_k) {
         if (made->trainer) uform_trainer_free(made->trainer, NULL);
         free(made);
         return status;
     }
     if (hidden) *hidden = made->hidden;
-    *encoder = made;
     return uform_status_success_k;
 }
 
 uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error) {
-    uform_status_t status = uform_handles_acquire(encoder, uform_handle_encoder_k, "encoder", error);
+    void* object;
+    uform_status_t status = uform_handles_acquire(encoder, uform_handle_encoder_k, "encoder", &object, error);
     if (status != uform_status_success_k) return status;
-    status = uform_trainer_embed(((uform_encoder_s*)encoder)->trainer, embed, error);
-    uform_handles_borrow(encoder, -1);
+    status = uform_trainer_embed(((uform_encoder_s*)object)->trainer, embed, error);
+    uform_handles_release(object);
     return status;
 }
 
 uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error) {
-    uform_status_t status = uform_handles_remove(encoder, uform_handle_encoder_k, "encoder", error);
+    void* object;
+    uform_status_t status = uform_handles_remove(encoder, uform_handle_encoder_k, "encoder", &object, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_free(((uform_encoder_s*)encoder)->trainer, NULL);
-    free(encoder);
+    uform_trainer_free(((uform_encoder_s*)object)->trainer, NULL);
+    free(object);
     return uform_status_success_k;
 }

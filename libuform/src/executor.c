@@ -25,17 +25,12 @@ uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executo
     if (threads > 1024) return uform_fail(error, uform_status_invalid_argument_k, "threads: %zu is over 1024", threads);
     uform_executor_s* made = calloc(1, sizeof(uform_executor_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for an executor");
-    made->handle.kind = uform_handle_executor_k;
     made->backend = &uform_ram_backend;
     made->ram.threads = (int)threads;
     made->context = &made->ram;
-    uform_status_t status = uform_handles_add(made, error);
-    if (status != uform_status_success_k) {
-        free(made);
-        return status;
-    }
-    *executor = made;
-    return uform_status_success_k;
+    uform_status_t status = uform_handles_add(made, uform_handle_executor_k, executor, error);
+    if (status != uform_status_success_k) free(made);
+    return status;
 }
 
 uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, uform_executor_t* executor,
@@ -46,8 +41,9 @@ uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, u
 }
 
 uform_status_t uform_executor_free(uform_executor_t executor, char const** error) {
-    uform_status_t status = uform_handles_remove(executor, uform_handle_executor_k, "executor", error);
-    if (status == uform_status_success_k) free(executor);
+    void* object;
+    uform_status_t status = uform_handles_remove(executor, uform_handle_executor_k, "executor", &object, error);
+    if (status == uform_status_success_k) free(object);
     return status;
 }
 
@@ -66,20 +62,16 @@ uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootst
                           "host_domain_count: %u processes need the NCCL mesh, which this build lacks", count);
     uform_mesh_s* made = calloc(1, sizeof(uform_mesh_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for a mesh");
-    made->handle.kind = uform_handle_mesh_k;
     made->host_domain_index = config->host_domain_index;
     made->host_domain_count = count;
-    status = uform_handles_add(made, error);
-    if (status != uform_status_success_k) {
-        free(made);
-        return status;
-    }
-    *mesh = made;
-    return uform_status_success_k;
+    status = uform_handles_add(made, uform_handle_mesh_k, mesh, error);
+    if (status != uform_status_success_k) free(made);
+    return status;
 }
 
 uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error) {
-    uform_status_t status = uform_handles_remove(mesh, uform_handle_mesh_k, "mesh", error);
-    if (status == uform_status_success_k) free(mesh);
+    void* object;
+    uform_status_t status = uform_handles_remove(mesh, uform_handle_mesh_k, "mesh", &object, error);
+    if (status == uform_status_success_k) free(object);
     return status;
 }

@@ -63,19 +63,17 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
     return status;
 }
 
-static uform_status_t uform_trainer_init(uform_executor_t executor, uform_trainer_init_vram_t const* config,
-                                         uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
-    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
-    if (status != uform_status_success_k) return status;
-    if (mesh && (status = uform_handles_check(mesh, uform_handle_mesh_k, "mesh", error)) != uform_status_success_k)
-        return status;
+/* Makes a trainer on an executor (and mesh) the caller has acquired; the trainer keeps those borrows
+   for its life, and only joins the table of handles once whole. */
+static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_s* mesh,
+                                         uform_trainer_init_vram_t const* config, uform_trainer_t* trainer,
+                                         char const** error) {
     if (!trainer) return uform_fail(error, uform_status_invalid_argument_k, "trainer: NULL output pointer");
     uform_trainer_s* made = calloc(1, sizeof(uform_trainer_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for a trainer");
     pthread_mutex_init(&made->lock, NULL);
-    made->handle.kind = uform_handle_trainer_k;
     made->executor = executor, made->mesh = mesh;
-    status = uform_config_derive(&made->config, config, error);
+    uform_status_t status = uform_config_derive(&made->config, config, error);
     uform_trainer_init_vram_t const* c = &made->config.given;
     if (status == uform_status_success_k)
         status = uform_layout_init(&made->layout, c->depth, c->hidden, c->contrastive.temperature_groups,
@@ -84,25 +82,28 @@ static uform_status_t uform_trainer_init(uform_executor_t executor, uform_traine
     if (status == uform_status_success_k)
         status = uform_replica_init(&made->replica, made->executor, &made->layout, &made->config, error);
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
-    if (status == uform_status_success_k) status = uform_handles_add(made, error);
-    if (status != uform_status_success_k) {
-        uform_trainer_release(made);
-        return status;
+    if (status == uform_status_success_k) {
+        uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
+        status = uform_handles_add(made, uform_handle_trainer_k, trainer, error);
     }
-    uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
-    uform_handles_borrow(executor, +1);
-    uform_handles_borrow(mesh, +1);
-    *trainer = made;
-    return uform_status_success_k;
+    if (status != uform_status_success_k) uform_trainer_release(made);
+    return status;
 }
 
 uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
                                       uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
-    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
-    if (status != uform_status_success_k) return status;
-    if (((uform_executor_s*)executor)->backend != &uform_ram_backend)
-        return uform_fail(error, uform_status_invalid_argument_k, "executor: a VRAM executor; use uform_trainer_init_vram");
-    return uform_trainer_init(executor, config, mesh, trainer, error);
+    /* Both are borrowed before anything reads them, so a free racing this call answers busy, never
+       frees them under it. */
+    void *devices = NULL, *peers = NULL;
+    uform_status_t status = uform_handles_acquire(executor, uform_handle_executor_k, "executor", &devices, error);
+    if (status == uform_status_success_k && ((uform_executor_s*)devices)->backend != &uform_ram_backend)
+        status = uform_fail(error, uform_status_invalid_argument_k,
+                            "executor: a VRAM executor; use uform_trainer_init_vram");
+    if (status == uform_status_success_k && mesh)
+        status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &peers, error);
+    if (status == uform_status_success_k) status = uform_trainer_make(devices, peers, config, trainer, error);
+    if (status != uform_status_success_k) uform_handles_release(devices), uform_handles_release(peers);
+    return status;
 }
 
 uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
@@ -115,15 +116,18 @@ uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_
 }
 
 /* Takes the trainer for one verb: checked live, counted as borrowed so it cannot be freed meanwhile, locked. */
-static uform_status_t uform_trainer_enter(uform_trainer_t handle, char const** error) {
-    uform_status_t status = uform_handles_acquire(handle, uform_handle_trainer_k, "trainer", error);
-    if (status == uform_status_success_k) pthread_mutex_lock(&((uform_trainer_s*)handle)->lock);
+static uform_status_t uform_trainer_enter(uform_trainer_t handle, uform_trainer_s** trainer, char const** error) {
+    void* object;
+    uform_status_t status = uform_handles_acquire(handle, uform_handle_trainer_k, "trainer", &object, error);
+    if (status != uform_status_success_k) return status;
+    *trainer = object;
+    pthread_mutex_lock(&(*trainer)->lock);
     return status;
 }
 
 static void uform_trainer_leave(uform_trainer_s* trainer) {
     pthread_mutex_unlock(&trainer->lock);
-    uform_handles_borrow(trainer, -1);
+    uform_handles_release(trainer);
 }
 
 static void uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_losses_t const* losses) {
@@ -261,18 +265,19 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
 }
 
 uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
-    uform_status_t status = uform_trainer_enter(handle, error);
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    status = uform_trainer_run(handle, step, 1, error);
-    uform_trainer_leave(handle);
+    status = uform_trainer_run(trainer, step, 1, error);
+    uform_trainer_leave(trainer);
     return status;
 }
 
 uform_status_t uform_trainer_probe(uform_trainer_t handle, uform_trainer_step_t* step, float* gradients,
                                    char const** error) {
-    uform_status_t status = uform_trainer_enter(handle, error);
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_s* trainer = handle;
     status = uform_trainer_run(trainer, step, 0, error);
     if (status == uform_status_success_k && gradients)
         trainer->replica.backend->download(trainer->replica.context, gradients, trainer->replica.gradients,
@@ -282,9 +287,9 @@ uform_status_t uform_trainer_probe(uform_trainer_t handle, uform_trainer_step_t*
 }
 
 uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, size_t* total, char const** error) {
-    uform_status_t status = uform_trainer_enter(handle, error);
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_s* trainer = handle;
     if (total) *total = trainer->layout.total;
     if (weights)
         trainer->replica.backend->download(trainer->replica.context, weights, trainer->replica.weights,
@@ -294,9 +299,9 @@ uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, siz
 }
 
 uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char const** error) {
-    uform_status_t status = uform_trainer_enter(handle, error);
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_s* trainer = handle;
     if (trainer->mesh && trainer->mesh->host_domain_index != 0) { /* only process zero writes */
         uform_trainer_leave(trainer);
         return uform_status_success_k;
@@ -326,9 +331,9 @@ uform_status_t uform_trainer_embed(uform_trainer_t handle, uform_encoder_embed_t
     if (!embed->modalities || !embed->contents.offsets || embed->contents.count != embed->count)
         return uform_fail(error, uform_status_invalid_argument_k,
                           "embed: needs %zu modalities and a tape of as many contents", embed->count);
-    uform_status_t status = uform_trainer_enter(handle, error);
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_s* trainer = handle;
     uform_batch_shape_t const* shape = &trainer->config.given.batch;
     size_t hidden = trainer->layout.hidden, count = embed->count;
     /* First fit never leaves two rows half empty, so items filling at most half the rows always fit. */
@@ -356,11 +361,12 @@ uform_status_t uform_trainer_embed(uform_trainer_t handle, uform_encoder_embed_t
 }
 
 uform_status_t uform_trainer_free(uform_trainer_t handle, char const** error) {
-    uform_status_t status = uform_handles_remove(handle, uform_handle_trainer_k, "trainer", error);
+    void* object;
+    uform_status_t status = uform_handles_remove(handle, uform_handle_trainer_k, "trainer", &object, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_s* trainer = handle;
-    uform_handles_borrow(trainer->executor, -1);
-    uform_handles_borrow(trainer->mesh, -1);
+    uform_trainer_s* trainer = object;
+    uform_handles_release(trainer->executor);
+    uform_handles_release(trainer->mesh);
     uform_trainer_release(trainer);
     return uform_status_success_k;
 }

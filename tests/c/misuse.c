@@ -1,0 +1,391 @@
+/**
+ *  Handles misused from C: NULL, foreign and freed pointers, double frees, frees of borrowed
+ *  handles, one trainer stepped from several threads at once, and frees racing the verbs. Every
+ *  misuse must be answered with a status and a message, never a crash. Exits 0 when every check
+ *  holds; the test suite also runs it under AddressSanitizer.
+ *
+ *      cc -std=c99 -pthread misuse.c -I libuform/include -L uform -luform -o misuse && ./misuse /tmp/m.safetensors
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <uform.h>
+
+static int failures = 0;
+
+#define CHECK(condition)                                                                                              \
+    do {                                                                                                              \
+        if (!(condition)) {                                                                                           \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, #condition,             \
+                    error ? error : "none");                                                                          \
+            ++failures;                                                                                               \
+        }                                                                                                             \
+    } while (0)
+
+/* A refusal must carry a message that says what was wrong. */
+#define REFUSED(call, expected, words)                                                                                \
+    do {                                                                                                              \
+        error = NULL;                                                                                                 \
+        uform_status_t refused_ = (call);                                                                             \
+        CHECK(refused_ == (expected));                                                                                \
+        CHECK(error != NULL && strstr(error, (words)) != NULL);                                                       \
+    } while (0)
+
+static uform_trainer_init_vram_t small_config(uint64_t seed) {
+    uform_trainer_init_vram_t config;
+    memset(&config, 0, sizeof(config));
+    config.depth = 1, config.hidden = 128, config.objective = uform_objective_joint_k;
+    config.batch.max_rows_per_device = 4, config.batch.max_columns_per_row = 32;
+    config.schedule.steps = 1000, config.seed = seed;
+    return config;
+}
+
+static char const text[] = "a small red pandared pandas eat bamboothe sun is a starstars shine at night";
+static uint64_t const offsets[] = {0, 17, 38, 55, 75};
+static uform_modality_t const modalities[4] = {uform_modality_text_k, uform_modality_text_k, uform_modality_text_k,
+                                               uform_modality_text_k};
+static uint32_t const attract_offsets[] = {0, 1, 2, 3, 4}, attract_ids[] = {1, 0, 3, 2};
+
+static uform_trainer_step_t small_step(void) {
+    uform_trainer_step_t step;
+    memset(&step, 0, sizeof(step));
+    step.count = 4, step.modalities = modalities;
+    step.contents = (uform_tape_t){text, offsets, 4};
+    step.attract = (uform_edges_view_t){attract_offsets, attract_ids, NULL, 4};
+    return step;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Several threads stepping one trainer                                                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum { stepping_threads = 4, steps_per_thread = 12 };
+
+typedef struct stepper_t {
+    uform_trainer_t trainer;
+    uint64_t seen[steps_per_thread];
+    int failed;
+} stepper_t;
+
+static void* step_many(void* argument) {
+    stepper_t* stepper = argument;
+    uform_trainer_step_t step = small_step();
+    for (int i = 0; i != steps_per_thread; ++i) {
+        char const* error = NULL;
+        if (uform_trainer_step(stepper->trainer, &step, &error) != uform_status_success_k || step.stats.skipped) {
+            fprintf(stderr, "a concurrent step failed: %s\n", error ? error : "skipped");
+            stepper->failed = 1;
+            return NULL;
+        }
+        stepper->seen[i] = step.stats.step;
+    }
+    return NULL;
+}
+
+static int compare_steps(void const* a, void const* b) {
+    uint64_t x = *(uint64_t const*)a, y = *(uint64_t const*)b;
+    return x < y ? -1 : x > y;
+}
+
+static void steps_are_serialized(uform_executor_t executor) {
+    char const* error = NULL;
+    uform_trainer_init_vram_t config = small_config(1);
+    uform_trainer_t trainer = NULL;
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error) == uform_status_success_k);
+    stepper_t steppers[stepping_threads];
+    pthread_t threads[stepping_threads];
+    memset(steppers, 0, sizeof(steppers));
+    for (int t = 0; t != stepping_threads; ++t) {
+        steppers[t].trainer = trainer;
+        CHECK(pthread_create(&threads[t], NULL, step_many, &steppers[t]) == 0);
+    }
+    uint64_t all[stepping_threads * steps_per_thread];
+    for (int t = 0; t != stepping_threads; ++t) {
+        pthread_join(threads[t], NULL);
+        CHECK(!steppers[t].failed);
+        for (int i = 0; i != steps_per_thread; ++i) {
+            all[t * steps_per_thread + i] = steppers[t].seen[i];
+            /* each thread's own steps come out in the order it made them */
+            CHECK(i == 0 || steppers[t].seen[i] > steppers[t].seen[i - 1]);
+        }
+    }
+    qsort(all, stepping_threads * steps_per_thread, sizeof(uint64_t), compare_steps);
+    for (int i = 0; i != stepping_threads * steps_per_thread; ++i) CHECK(all[i] == (uint64_t)i + 1);
+    CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Frees racing verbs                                                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct racer_t {
+    uform_trainer_t trainer;
+    int steps, refusals, wrong;
+} racer_t;
+
+/* Steps until the trainer is gone; every answer must be success or invalid_handle, and once one
+   step is refused as freed, every later one is too. */
+static void* step_until_freed(void* argument) {
+    racer_t* racer = argument;
+    uform_trainer_step_t step = small_step();
+    for (int i = 0; i != 400; ++i) {
+        char const* error = NULL;
+        uform_status_t status = uform_trainer_step(racer->trainer, &step, &error);
+        if (status == uform_status_success_k) {
+            if (racer->refusals) racer->wrong = 1; /* a freed trainer stepped again */
+            ++racer->steps;
+        } else if (status == uform_status_invalid_handle_k && error && strstr(error, "trainer"))
+            ++racer->refusals;
+        else
+            racer->wrong = 1;
+        if (racer->refusals >= 3) break;
+        struct timespec pause = {0, 3 * 1000 * 1000}; /* leave moments when no step runs, so a free can land */
+        nanosleep(&pause, NULL);
+    }
+    return NULL;
+}
+
+static void free_races_steps(uform_executor_t executor) {
+    char const* error = NULL;
+    for (int round = 0; round != 4; ++round) {
+        uform_trainer_init_vram_t config = small_config(2 + (uint64_t)round);
+        uform_trainer_t trainer = NULL;
+        CHECK(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error) == uform_status_success_k);
+        enum { racing = 2 };
+        racer_t racers[racing];
+        pthread_t threads[racing];
+        memset(racers, 0, sizeof(racers));
+        for (int t = 0; t != racing; ++t) {
+            racers[t].trainer = trainer;
+            CHECK(pthread_create(&threads[t], NULL, step_until_freed, &racers[t]) == 0);
+        }
+        /* Let them step a little, then free: busy while a step runs, success once none does. */
+        struct timespec pause = {0, 20 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        int busy = 0, freed = 0;
+        for (int attempt = 0; attempt != 100000 && !freed; ++attempt) {
+            error = NULL;
+            uform_status_t status = uform_trainer_free(trainer, &error);
+            if (status == uform_status_success_k) freed = 1;
+            else if (status == uform_status_busy_k) {
+                ++busy;
+                CHECK(error && strstr(error, "trainer"));
+                struct timespec moment = {0, 20 * 1000};
+                nanosleep(&moment, NULL);
+            } else
+                CHECK(!"a free racing steps answers success or busy");
+        }
+        CHECK(freed);
+        int steps = 0;
+        for (int t = 0; t != racing; ++t) {
+            pthread_join(threads[t], NULL);
+            CHECK(!racers[t].wrong);
+            steps += racers[t].steps;
+        }
+        REFUSED(uform_trainer_free(trainer, &error), uform_status_invalid_handle_k, "trainer");
+        CHECK(steps > 0);
+        if (getenv("UFORM_MISUSE_VERBOSE")) printf("round %d: %d steps, %d busy answers before the free\n", round, steps, busy);
+    }
+}
+
+typedef struct maker_t {
+    uform_executor_t executor;
+    int made, refused, wrong;
+} maker_t;
+
+static pthread_mutex_t executor_freed_lock = PTHREAD_MUTEX_INITIALIZER;
+static int executor_freed = 0;
+
+static int executor_is_freed(void) {
+    pthread_mutex_lock(&executor_freed_lock);
+    int freed = executor_freed;
+    pthread_mutex_unlock(&executor_freed_lock);
+    return freed;
+}
+
+/* Makes and frees trainers on an executor another thread is trying to free. A trainer made on it
+   borrows it until freed, so no trainer can still be made once its free has succeeded. */
+static void* make_until_refused(void* argument) {
+    maker_t* maker = argument;
+    uform_trainer_init_vram_t config = small_config(9);
+    for (int i = 0; i != 100; ++i) {
+        char const* error = NULL;
+        uform_trainer_t trainer = NULL;
+        uform_status_t status = uform_trainer_init_ram(maker->executor, &config, NULL, &trainer, &error);
+        if (status == uform_status_success_k) {
+            if (maker->refused || executor_is_freed()) maker->wrong = 1;
+            ++maker->made;
+            if (uform_trainer_free(trainer, &error) != uform_status_success_k) maker->wrong = 1;
+            struct timespec pause = {0, 1000 * 1000}; /* moments when no trainer borrows the executor */
+            nanosleep(&pause, NULL);
+        } else if (status == uform_status_invalid_handle_k && error && strstr(error, "executor")) {
+            ++maker->refused;
+            break;
+        } else
+            maker->wrong = 1;
+    }
+    return NULL;
+}
+
+static void executor_free_races_trainer_init(void) {
+    char const* error = NULL;
+    for (int round = 0; round != 4; ++round) {
+        uform_executor_t executor = NULL;
+        CHECK(uform_executor_init_ram(1, &executor, &error) == uform_status_success_k);
+        executor_freed = 0;
+        maker_t makers[2];
+        pthread_t threads[2];
+        memset(makers, 0, sizeof(makers));
+        for (int t = 0; t != 2; ++t) {
+            makers[t].executor = executor;
+            CHECK(pthread_create(&threads[t], NULL, make_until_refused, &makers[t]) == 0);
+        }
+        struct timespec pause = {0, 5 * 1000 * 1000}; /* let the makers start, so the free lands among them */
+        nanosleep(&pause, NULL);
+        int freed = 0;
+        for (long attempt = 0; attempt != 1000000 && !freed; ++attempt) {
+            error = NULL;
+            uform_status_t status = uform_executor_free(executor, &error);
+            if (status == uform_status_success_k) freed = 1;
+            else {
+                CHECK(status == uform_status_busy_k && error && strstr(error, "executor"));
+                struct timespec moment = {0, 10 * 1000};
+                nanosleep(&moment, NULL);
+            }
+        }
+        CHECK(freed);
+        pthread_mutex_lock(&executor_freed_lock);
+        executor_freed = 1;
+        pthread_mutex_unlock(&executor_freed_lock);
+        int made = 0;
+        for (int t = 0; t != 2; ++t) {
+            pthread_join(threads[t], NULL);
+            CHECK(!makers[t].wrong);
+            made += makers[t].made;
+        }
+        if (getenv("UFORM_MISUSE_VERBOSE")) printf("round %d: %d trainers made before the executor's free\n", round, made);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  One thread                                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+int main(int argc, char** argv) {
+    char const* path = argc > 1 ? argv[1] : "misuse.safetensors";
+    char const* error = NULL;
+    uform_trainer_step_t step = small_step();
+    uform_trainer_init_vram_t config = small_config(7);
+    float embeddings[128];
+    uform_encoder_embed_t embed;
+    memset(&embed, 0, sizeof(embed));
+    embed.count = 1, embed.modalities = modalities, embed.contents = (uform_tape_t){text, offsets, 1};
+    embed.embeddings = embeddings;
+
+    /* NULL handles, for every verb that takes one. */
+    uform_trainer_t trainer = NULL;
+    REFUSED(uform_executor_free(NULL, &error), uform_status_invalid_handle_k, "executor: NULL");
+    REFUSED(uform_mesh_free(NULL, &error), uform_status_invalid_handle_k, "mesh: NULL");
+    REFUSED(uform_trainer_free(NULL, &error), uform_status_invalid_handle_k, "trainer: NULL");
+    REFUSED(uform_encoder_free(NULL, &error), uform_status_invalid_handle_k, "encoder: NULL");
+    REFUSED(uform_trainer_step(NULL, &step, &error), uform_status_invalid_handle_k, "trainer: NULL");
+    REFUSED(uform_trainer_save(NULL, path, &error), uform_status_invalid_handle_k, "trainer: NULL");
+    REFUSED(uform_encoder_embed(NULL, &embed, &error), uform_status_invalid_handle_k, "encoder: NULL");
+    REFUSED(uform_trainer_init_ram(NULL, &config, NULL, &trainer, &error), uform_status_invalid_handle_k,
+            "executor: NULL");
+    CHECK(trainer == NULL);
+    uform_mesh_bootstrap_t alone;
+    memset(&alone, 0, sizeof(alone));
+    uform_mesh_t mesh = NULL;
+    REFUSED(uform_mesh_bootstrap(NULL, &alone, &mesh, &error), uform_status_invalid_handle_k, "executor: NULL");
+
+    /* Foreign pointers: the stack, the heap, and a handle of another kind. */
+    uint64_t on_stack[64];
+    memset(on_stack, 0, sizeof(on_stack));
+    on_stack[0] = 3; /* looks like a trainer's kind to a library that would read it */
+    void* on_heap = calloc(1, 4096);
+    REFUSED(uform_trainer_step(on_stack, &step, &error), uform_status_invalid_handle_k, "not a uform handle");
+    REFUSED(uform_trainer_free(on_stack, &error), uform_status_invalid_handle_k, "not a uform handle");
+    REFUSED(uform_trainer_step(on_heap, &step, &error), uform_status_invalid_handle_k, "not a uform handle");
+    REFUSED(uform_executor_free(on_heap, &error), uform_status_invalid_handle_k, "not a uform handle");
+    REFUSED(uform_trainer_init_ram(on_stack, &config, NULL, &trainer, &error), uform_status_invalid_handle_k,
+            "executor");
+    REFUSED(uform_encoder_embed(on_stack, &embed, &error), uform_status_invalid_handle_k, "encoder");
+    REFUSED(uform_trainer_step((void*)(uintptr_t)1, &step, &error), uform_status_invalid_handle_k, "trainer");
+    REFUSED(uform_trainer_step((void*)(uintptr_t)-1, &step, &error), uform_status_invalid_handle_k, "trainer");
+
+    uform_executor_t executor = NULL;
+    CHECK(uform_executor_init_ram(1, &executor, &error) == uform_status_success_k);
+    CHECK(uform_mesh_bootstrap(executor, &alone, &mesh, &error) == uform_status_success_k);
+    CHECK(uform_trainer_init_ram(executor, &config, mesh, &trainer, &error) == uform_status_success_k);
+    /* Kinds are checked: each handle is refused where another kind is expected. */
+    REFUSED(uform_trainer_step(executor, &step, &error), uform_status_invalid_handle_k, "not a trainer");
+    REFUSED(uform_trainer_free(mesh, &error), uform_status_invalid_handle_k, "not a trainer");
+    REFUSED(uform_executor_free(trainer, &error), uform_status_invalid_handle_k, "not an executor");
+    REFUSED(uform_mesh_free(executor, &error), uform_status_invalid_handle_k, "not a mesh");
+    REFUSED(uform_encoder_embed(trainer, &embed, &error), uform_status_invalid_handle_k, "not an encoder");
+    uform_trainer_t other = NULL;
+    REFUSED(uform_trainer_init_ram(trainer, &config, NULL, &other, &error), uform_status_invalid_handle_k,
+            "not an executor");
+    REFUSED(uform_trainer_init_ram(executor, &config, executor, &other, &error), uform_status_invalid_handle_k,
+            "not a mesh");
+    CHECK(other == NULL);
+
+    /* Borrowed handles cannot be freed while the trainer lives; the trainer still works after. */
+    REFUSED(uform_executor_free(executor, &error), uform_status_busy_k, "executor");
+    REFUSED(uform_mesh_free(mesh, &error), uform_status_busy_k, "mesh");
+    CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
+    CHECK(uform_trainer_save(trainer, path, &error) == uform_status_success_k);
+
+    uform_encoder_t encoder = NULL;
+    CHECK(uform_encoder_load(executor, path, &encoder, NULL, &error) == uform_status_success_k);
+    CHECK(uform_encoder_embed(encoder, &embed, &error) == uform_status_success_k);
+
+    /* Double frees, and use after free, of every kind. */
+    CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);
+    REFUSED(uform_trainer_free(trainer, &error), uform_status_invalid_handle_k, "trainer");
+    REFUSED(uform_trainer_step(trainer, &step, &error), uform_status_invalid_handle_k, "freed");
+    REFUSED(uform_trainer_save(trainer, path, &error), uform_status_invalid_handle_k, "freed");
+    CHECK(uform_mesh_free(mesh, &error) == uform_status_success_k);
+    REFUSED(uform_mesh_free(mesh, &error), uform_status_invalid_handle_k, "mesh");
+    REFUSED(uform_trainer_init_ram(executor, &config, mesh, &other, &error), uform_status_invalid_handle_k, "mesh");
+    CHECK(other == NULL);
+    /* The encoder borrows the executor too. */
+    REFUSED(uform_executor_free(executor, &error), uform_status_busy_k, "executor");
+    CHECK(uform_encoder_free(encoder, &error) == uform_status_success_k);
+    REFUSED(uform_encoder_free(encoder, &error), uform_status_invalid_handle_k, "encoder");
+    REFUSED(uform_encoder_embed(encoder, &embed, &error), uform_status_invalid_handle_k, "freed");
+
+    /* A freed handle stays refused even when a new handle of its kind takes over its memory. */
+    uform_trainer_t first = NULL, second = NULL;
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &first, &error) == uform_status_success_k);
+    CHECK(uform_trainer_free(first, &error) == uform_status_success_k);
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &second, &error) == uform_status_success_k);
+    REFUSED(uform_trainer_step(first, &step, &error), uform_status_invalid_handle_k, "freed");
+    REFUSED(uform_trainer_free(first, &error), uform_status_invalid_handle_k, "freed");
+    CHECK(uform_trainer_step(second, &step, &error) == uform_status_success_k && step.stats.step == 1);
+    CHECK(uform_trainer_free(second, &error) == uform_status_success_k);
+
+    steps_are_serialized(executor);
+    free_races_steps(executor);
+
+    CHECK(uform_executor_free(executor, &error) == uform_status_success_k);
+    REFUSED(uform_executor_free(executor, &error), uform_status_invalid_handle_k, "executor");
+    REFUSED(uform_trainer_init_ram(executor, &config, NULL, &other, &error), uform_status_invalid_handle_k, "executor");
+    REFUSED(uform_mesh_bootstrap(executor, &alone, &mesh, &error), uform_status_invalid_handle_k, "executor");
+    CHECK(other == NULL);
+
+    executor_free_races_trainer_init();
+    free(on_heap);
+
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("every misuse was refused\n");
+    return 0;
+}
