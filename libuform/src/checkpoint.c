@@ -3,13 +3,16 @@
  *  @brief  Safetensors checkpoints: every weight, both AdamW moments, the step and the config.
  *
  *  Written to a hidden temporary file beside the destination, flushed to disk, then renamed into
- *  place, so a crash mid-save leaves the previous checkpoint whole. Read back by a parser that
+ *  place, so a crash mid-save leaves the previous checkpoint whole; the temporary files of saves
+ *  whose process died are swept at the next save to the same path. Read back by a parser that
  *  trusts nothing in the file: every length and offset is checked against the file's size before
  *  anything is allocated or read.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,21 +79,75 @@ static int uform_text_shape(uform_text_t* text, uform_tensor_t const* tensor) {
     return uform_text_print(text, "[%zu, %zu]", tensor->rows, tensor->cols);
 }
 
+/* Writes every byte or answers why not: 0, or an errno value. */
 static int uform_write_all(int file, void const* data, size_t length) {
     char const* at = data;
     while (length) {
         ssize_t written = write(file, at, length);
         if (written < 0 && errno == EINTR) continue;
-        if (written <= 0) return 0;
+        if (written < 0) return errno;
+        if (written == 0) return EIO;
         at += written, length -= (size_t)written;
     }
-    return 1;
+    return 0;
+}
+
+/* Saves started by this process: with the PID, they make every temporary name unique, so two
+   threads saving to one path never write the same file. */
+static pthread_mutex_t uform_saves_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long uform_saves_started = 0;
+
+/* Reads `digits` at `*at` as a decimal number, moving past them; 0 when there are none. */
+static int uform_leftover_number(char const** at, unsigned long long* value) {
+    char const* start = *at;
+    *value = 0;
+    while (**at >= '0' && **at <= '9' && *at - start < 19) *value = *value * 10 + (unsigned)(*(*at)++ - '0');
+    return *at != start;
+}
+
+/* Removes the temporary files that saves to `path` left behind when their process died (killed, or
+   out of power before the rename): `.NAME.PID.N.partial` whose PID no longer runs and that no live
+   writer locks. A live writer's file is never touched: its PID runs, or (from another PID namespace
+   on a shared folder) it holds the lock every writer takes. Best effort: failures change nothing. */
+static void uform_leftovers_sweep(char const* path, size_t folder) {
+    char const* name = path + folder;
+    size_t name_length = strlen(name);
+    char* directory_name = malloc(folder + 2);
+    if (!directory_name) return;
+    if (folder) memcpy(directory_name, path, folder), directory_name[folder] = 0;
+    else strcpy(directory_name, ".");
+    DIR* directory = opendir(directory_name);
+    long self = (long)getpid();
+    for (struct dirent* entry; directory && (entry = readdir(directory));) {
+        char const* at = entry->d_name;
+        unsigned long long pid, serial;
+        if (at[0] != '.' || strncmp(at + 1, name, name_length) || at[1 + name_length] != '.') continue;
+        at += 2 + name_length;
+        if (!uform_leftover_number(&at, &pid) || *at++ != '.') continue;
+        if (uform_leftover_number(&at, &serial) && *at++ != '.') continue; /* `.NAME.PID.partial` is the older form */
+        if (strcmp(at, "partial") || pid == 0 || pid > 0x7FFFFFFF || (long)pid == self) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* it runs, or it is not ours to judge */
+        int file = openat(dirfd(directory), entry->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (file < 0) continue;
+        struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        struct stat info;
+        if (fcntl(file, F_GETLK, &lock) == 0 && lock.l_type == F_UNLCK && fstat(file, &info) == 0 && S_ISREG(info.st_mode))
+            unlinkat(dirfd(directory), entry->d_name, 0);
+        close(file);
+    }
+    if (directory) closedir(directory);
+    free(directory_name);
 }
 
 uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* layout, float const* weights,
                                      float const* first, float const* second, uint64_t step,
                                      char const* config_json, char const** error) {
     if (!path || !*path) return uform_fail(error, uform_status_invalid_argument_k, "path: empty");
+    char const* slash = strrchr(path, '/');
+    size_t folder = slash ? (size_t)(slash - path + 1) : 0;
+    char const* name = path + folder;
+    if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
+        return uform_fail(error, uform_status_invalid_argument_k, "path: %s names a folder, not a file", path);
     uform_text_t header = {0};
     char step_text[32];
     snprintf(step_text, sizeof(step_text), "%llu", (unsigned long long)step);
@@ -110,47 +167,51 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
         }
     ok = ok && uform_text_append(&header, "}", 1);
     while (ok && header.length % 8) ok = uform_text_append(&header, " ", 1); /* data starts 8-byte aligned */
-    if (!ok) {
+    size_t capacity = strlen(path) + 64;
+    char* temporary = ok ? malloc(capacity) : NULL;
+    if (!temporary) {
         free(header.data);
-        return uform_fail(error, uform_status_out_of_memory_k, "no memory for the checkpoint's header");
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory for the checkpoint's header and name");
     }
 
     /* A hidden name in the same folder: the rename stays on one filesystem, and no reader takes a
-       half-written file for a checkpoint. */
-    size_t length = strlen(path);
-    char* temporary = malloc(length + 64);
-    if (!temporary) {
-        free(header.data);
-        return uform_fail(error, uform_status_out_of_memory_k, "no memory for a path");
+       half-written file for a checkpoint. Created exclusively, so it is never someone else's file
+       (or a link planted to make us overwrite one), and locked, so no other process's sweep of
+       leftovers removes it while it is written. */
+    int file = -1, reason = 0;
+    for (int attempt = 0; attempt != 64 && file < 0; ++attempt) {
+        pthread_mutex_lock(&uform_saves_lock);
+        unsigned long serial = uform_saves_started++;
+        pthread_mutex_unlock(&uform_saves_lock);
+        snprintf(temporary, capacity, "%.*s.%s.%ld.%lu.partial", (int)folder, path, name, (long)getpid(), serial);
+        file = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        reason = file < 0 ? errno : 0;
+        if (reason != EEXIST) break;
     }
-    char const* slash = strrchr(path, '/');
-    size_t folder = slash ? (size_t)(slash - path + 1) : 0;
-    snprintf(temporary, length + 64, "%.*s.%s.%ld.partial", (int)folder, path, path + folder, (long)getpid());
-
-    int file = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (file < 0) {
-        uform_status_t status = uform_fail(error, uform_status_io_k, "path: cannot write %s: %s", temporary, strerror(errno));
+        uform_status_t status = uform_fail(error, uform_status_io_k, "path: cannot write %s: %s", path, strerror(reason));
         free(header.data), free(temporary);
         return status;
     }
+    struct flock lock = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    fcntl(file, F_SETLK, &lock); /* where locks are not supported, the PID alone guards the file */
+
     uint64_t header_length = header.length;
     unsigned char length_bytes[8];
     for (int i = 0; i != 8; ++i) length_bytes[i] = (unsigned char)(header_length >> (8 * i)); /* little-endian */
-    ok = uform_write_all(file, length_bytes, 8) && uform_write_all(file, header.data, header.length);
+    reason = uform_write_all(file, length_bytes, 8);
+    if (!reason) reason = uform_write_all(file, header.data, header.length);
     float const* families[3] = {weights, first, second};
-    for (int family = 0; family != 3 && ok; ++family)
-        for (size_t i = 0; i != layout->count && ok; ++i)
-            ok = uform_write_all(file, families[family] + layout->tensors[i].offset, uform_tensor_bytes(&layout->tensors[i]));
-    int saved_errno = errno;
-    ok = ok && fsync(file) == 0;
-    if (ok) saved_errno = errno;
-    ok = (close(file) == 0) && ok;
-    ok = ok && rename(temporary, path) == 0;
-    if (!ok) {
-        if (!saved_errno) saved_errno = errno;
+    for (int family = 0; family != 3 && !reason; ++family)
+        for (size_t i = 0; i != layout->count && !reason; ++i)
+            reason = uform_write_all(file, families[family] + layout->tensors[i].offset,
+                                     uform_tensor_bytes(&layout->tensors[i]));
+    if (!reason && fsync(file) != 0) reason = errno;
+    if (close(file) != 0 && !reason) reason = errno;
+    if (!reason && rename(temporary, path) != 0) reason = errno;
+    if (reason) {
         unlink(temporary);
-        uform_status_t status =
-            uform_fail(error, uform_status_io_k, "path: cannot write %s: %s", path, strerror(saved_errno ? saved_errno : EIO));
+        uform_status_t status = uform_fail(error, uform_status_io_k, "path: cannot write %s: %s", path, strerror(reason));
         free(header.data), free(temporary);
         return status;
     }
@@ -164,6 +225,7 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
         free(directory);
     }
     free(header.data), free(temporary);
+    uform_leftovers_sweep(path, folder);
     return uform_status_success_k;
 }
 
