@@ -465,3 +465,104 @@ def test_a_save_to_an_impossible_path_names_the_path_and_the_reason(tmp_path, wh
         assert trainer.step(pair_batch()).stats.step == 1  # the failed save changed nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
     assert not list((tmp_path / "folder").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Poisoned steps                                                                                  #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def saved_tensors(trainer, path):
+    trainer.save(path)
+    with safetensors.safe_open(str(path), "np") as file:
+        step = file.metadata()["step"]
+    return step, safetensors.numpy.load_file(str(path))
+
+
+def assert_same_tensors(a, b, prefix=""):
+    names = [name for name in a if name.startswith(prefix)]
+    assert names and set(names) == {name for name in b if name.startswith(prefix)}
+    for name in names:
+        assert a[name].tobytes() == b[name].tobytes(), name  # bitwise, NaN patterns included
+
+
+# An attract edge weighed near the float limit: the contrastive loss overflows.
+POISON = dict(relations=dict(attract=uform.Edges(offsets=[0, 1, 1, 1, 1], ids=[2], weights=[3.4e38])))
+
+
+def test_a_poisoned_batch_changes_nothing_and_the_next_trains_as_if_it_never_came(tmp_path):
+    poisoned_batch = dict(pair_batch(), **POISON)
+    config = tiny_config(objective=uform.Objective.CONTRASTIVE)
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as poisoned, \
+            uform.Trainer.init_ram(cpu, config) as clean:
+        for trainer in (poisoned, clean):
+            trainer.step(pair_batch())
+        weights = poisoned._weights()
+        step, before = saved_tensors(poisoned, tmp_path / "before.safetensors")
+        for _ in range(3):
+            stats = poisoned.step(poisoned_batch).stats
+            assert stats.skipped and stats.step == 1 and not np.isfinite(stats.loss)
+        assert poisoned._weights().tobytes() == weights.tobytes()
+        step_after, after = saved_tensors(poisoned, tmp_path / "after.safetensors")
+        assert step_after == step == "1"
+        assert_same_tensors(before, after, "adamw.first.")
+        assert_same_tensors(before, after, "adamw.second.")
+        assert_same_tensors(before, after)
+        # The next good step lands exactly where a run that never saw the poison lands.
+        for trainer in (poisoned, clean):
+            stats = trainer.step(pair_batch()).stats
+            assert not stats.skipped and stats.step == 2 and np.isfinite(stats.loss)
+        assert poisoned._weights().tobytes() == clean._weights().tobytes()
+        poisoned.save(tmp_path / "poisoned.safetensors")
+        clean.save(tmp_path / "clean.safetensors")
+        assert (tmp_path / "poisoned.safetensors").read_bytes() == (tmp_path / "clean.safetensors").read_bytes()
+
+
+def test_a_huge_inverse_temperature_skips_every_step_and_touches_nothing(tmp_path):
+    config = tiny_config(contrastive=dict(inverse_temperature=3e37))
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+        weights = trainer._weights()
+        _, before = saved_tensors(trainer, tmp_path / "before.safetensors")
+        for _ in range(4):
+            stats = trainer.step(pair_batch()).stats
+            assert stats.skipped and stats.step == 0
+            assert not (np.isfinite(stats.grad_norm) and np.isfinite(stats.loss))
+        assert trainer._weights().tobytes() == weights.tobytes()
+        step, after = saved_tensors(trainer, tmp_path / "after.safetensors")
+        assert step == "0"
+        assert_same_tensors(before, after)
+        assert not any(after[name].any() for name in after if name.startswith("adamw."))  # moments still zero
+
+
+def test_a_learning_rate_divergence_is_skipped_not_written_as_nan(tmp_path):
+    """At the largest learning rate the config takes, a run whose loss is weighed near the float limit
+    diverges within steps; from the first step whose loss or gradient is no longer finite, every update is
+    skipped: the weights and moments stay those of the last good step. At 1e-3 the same run never skips."""
+    masked = dict(objective=uform.Objective.MASKED, masking=dict(text_weight=1e35))
+    # Items long enough that every step masks some positions, so every step's loss is a number.
+    batch = dict(modalities=[TEXT] * 4, contents=[f"item {i}: " + "a small red panda eats bamboo " * 2 for i in range(4)])
+    for rate, should_skip in ((1.0, True), (1e-3, False)):
+        config = tiny_config(**masked, schedule=dict(steps=1000, warmup_steps=1, learning_rate=rate,
+                                                     min_learning_rate=rate))
+        with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+            history = []
+            last_good = trainer._weights()
+            for _ in range(30):
+                stats = trainer.step(batch).stats
+                weights = trainer._weights()
+                assert np.isfinite(weights).all()
+                if stats.skipped:
+                    assert weights.tobytes() == last_good.tobytes()
+                    assert not (np.isfinite(stats.loss) and np.isfinite(stats.grad_norm))
+                else:
+                    assert np.isfinite(stats.loss) and np.isfinite(stats.grad_norm)
+                    last_good = weights
+                history.append(stats.skipped)
+            assert any(history) == should_skip, history
+            if should_skip:
+                step, before = saved_tensors(trainer, tmp_path / "diverged.safetensors")
+                assert int(step) == history.index(True)  # it stopped at the last good step
+                stats = trainer.step(batch).stats
+                assert stats.skipped
+                _, after = saved_tensors(trainer, tmp_path / "still.safetensors")
+                assert_same_tensors(before, after)

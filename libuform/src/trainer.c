@@ -244,9 +244,10 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     step->stats.learning_rate = rate;
     step->stats.step = trainer->step;
     if (!update) return uform_status_success_k;
-    /* A poisoned step changes nothing, so the next good batch trains as if this one never came. */
+    /* A poisoned step changes nothing, so the next good batch trains as if this one never came. The
+       float values are the ones judged, as reported: a norm past the float range is as poisoned as inf. */
     int ran = !isnan(losses.masked) || !isnan(losses.contrastive);
-    if (!isfinite(norm) || (ran && !isfinite(step->stats.loss))) {
+    if (!isfinite(step->stats.grad_norm) || (ran && !isfinite(step->stats.loss))) {
         step->stats.skipped = 1;
         return uform_status_success_k;
     }
