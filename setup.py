@@ -27,8 +27,10 @@ march = os.environ.get("UFORM_MARCH", "native")
 compile_args = ["-O3", f"-march={march}", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 link_args = ["-fopenmp"]
 if sanitize:
-    compile_args += ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
-    link_args += [f"-fsanitize={sanitize}"]
+    # Every report is fatal: UBSan's checks stop the process rather than print and carry on.
+    checked = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all"]
+    compile_args += ["-O1", "-g", "-fno-omit-frame-pointer"] + checked
+    link_args += checked
 
 
 class BuildExt(build_ext):
@@ -58,5 +60,7 @@ setup(
     )
     + [extension("uform.libuform")],
     cmdclass=dict(build_ext=BuildExt),
+    # A checked build keeps its objects apart, so neither build ever links the other's.
+    options=dict(build=dict(build_base="build/sanitize")) if sanitize else {},
     package_data={"uform": ["*.pyx", "*.pxd", "include/*.h"]},
 )
