@@ -162,9 +162,11 @@ static uform_status_t uform_batch_validate(uform_config_t const* config, uform_t
         if (step->choices.offsets[count])
             return UFORM_INVALID("batch.choices: items offer choices, which need config.choices.weight");
     }
-    if ((step->choice_targets.offsets || step->choice_targets.data) && step->choice_targets.count &&
-        step->choice_targets.offsets[step->choice_targets.count])
-        return UFORM_INVALID("batch.choice_targets: given without choices");
+    if (step->choice_targets.offsets || step->choice_targets.data) {
+        status = uform_tape_check(&step->choice_targets, count, "batch.choice_targets", error);
+        if (status != uform_status_success_k) return status;
+        if (step->choice_targets.offsets[count]) return UFORM_INVALID("batch.choice_targets: given without choices");
+    }
 
     size_t edges = 0;
     uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
