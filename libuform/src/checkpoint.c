@@ -233,10 +233,37 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
 /*  Reading                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* What a reader accepts at most: a header of 64 MiB, the tensors of the deepest model (three
+   families of six per block and five more), eight dimensions, JSON nested 32 deep. Entries are
+   counted before they are allocated, so a header of many tiny entries cannot make the reader ask
+   for more than this. */
+#define UFORM_MAX_HEADER (64ull << 20)
+#define UFORM_MAX_TENSORS (3 * (6 * 256 + 5))
+#define UFORM_MAX_DIMENSIONS 8
+#define UFORM_MAX_NESTING 32
+
+/* The header being parsed, and the first problem met, as text for the message. */
 typedef struct uform_json_t {
+    char const* begin;
     char const* at;
     char const* end;
+    char problem[256];
 } uform_json_t;
+
+static int uform_json_fail(uform_json_t* json, char const* format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static int uform_json_fail(uform_json_t* json, char const* format, ...) {
+    if (json->problem[0]) return 0; /* the innermost reader saw it first and said it best */
+    va_list arguments;
+    va_start(arguments, format);
+    vsnprintf(json->problem, sizeof(json->problem), format, arguments);
+    va_end(arguments);
+    return 0;
+}
 
 static void uform_json_space(uform_json_t* json) {
     while (json->at < json->end && (*json->at == ' ' || *json->at == '\n' || *json->at == '\r' || *json->at == '\t'))
@@ -249,238 +276,470 @@ static int uform_json_take(uform_json_t* json, char expected) {
     return 0;
 }
 
-/* Reads a string into `out` (truncated to `capacity - 1` bytes, \u escapes kept only when ASCII). */
-static int uform_json_string(uform_json_t* json, char* out, size_t capacity) {
-    if (!uform_json_take(json, '"')) return 0;
-    size_t length = 0;
-    while (json->at < json->end && *json->at != '"') {
-        char c = *json->at++;
-        if ((unsigned char)c < 0x20) return 0;
-        if (c == '\\') {
-            if (json->at >= json->end) return 0;
-            char e = *json->at++;
-            switch (e) {
-            case '"': case '\\': case '/': c = e; break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
-            case 'u': {
-                if (json->end - json->at < 4) return 0;
-                unsigned code = 0;
-                for (int i = 0; i != 4; ++i) {
-                    char h = *json->at++;
-                    code = code * 16 + (unsigned)(h >= '0' && h <= '9'   ? h - '0'
-                                                  : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                                  : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                                         : 99);
-                    if (code > 0xFFFF) return 0;
-                }
-                c = code < 0x80 ? (char)code : '?';
-                break;
-            }
-            default: return 0;
-            }
-        }
-        if (out && length + 1 < capacity) out[length++] = c;
-    }
-    if (out && capacity) out[length] = 0;
-    return uform_json_take(json, '"');
+static int uform_json_expect(uform_json_t* json, char expected) {
+    if (uform_json_take(json, expected)) return 1;
+    if (json->at >= json->end) return uform_json_fail(json, "the JSON ends where '%c' belongs", expected);
+    unsigned char found = (unsigned char)*json->at;
+    if (found < 0x20 || found > 0x7E) return uform_json_fail(json, "expected '%c', found byte 0x%02x", expected, found);
+    return uform_json_fail(json, "expected '%c', found '%c'", expected, found);
 }
 
+/* The length of the UTF-8 sequence at `text`, or 0 when it is not one: no overlong forms, no
+   surrogates, nothing past U+10FFFF (RFC 3629). */
+static size_t uform_utf8_sequence(unsigned char const* text, size_t left) {
+    unsigned char c = text[0];
+    if (c < 0x80) return 1;
+    size_t length = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!length || length > left) return 0;
+    unsigned char low = 0x80, high = 0xBF; /* the second byte's range, narrower after some leads */
+    if (c == 0xE0) low = 0xA0;
+    if (c == 0xED) high = 0x9F;
+    if (c == 0xF0) low = 0x90;
+    if (c == 0xF4) high = 0x8F;
+    if (text[1] < low || text[1] > high) return 0;
+    for (size_t i = 2; i < length; ++i)
+        if ((text[i] & 0xC0) != 0x80) return 0;
+    return length;
+}
+
+/* Appends one code point as UTF-8 when it fits in `capacity - 1`; `*length` counts it either way. */
+static void uform_json_put(char* out, size_t capacity, size_t* length, uint32_t code) {
+    char bytes[4];
+    size_t count = 0;
+    if (code < 0x80) bytes[count++] = (char)code;
+    else if (code < 0x800) bytes[count++] = (char)(0xC0 | code >> 6), bytes[count++] = (char)(0x80 | (code & 0x3F));
+    else if (code < 0x10000)
+        bytes[count++] = (char)(0xE0 | code >> 12), bytes[count++] = (char)(0x80 | ((code >> 6) & 0x3F)),
+        bytes[count++] = (char)(0x80 | (code & 0x3F));
+    else
+        bytes[count++] = (char)(0xF0 | code >> 18), bytes[count++] = (char)(0x80 | ((code >> 12) & 0x3F)),
+        bytes[count++] = (char)(0x80 | ((code >> 6) & 0x3F)), bytes[count++] = (char)(0x80 | (code & 0x3F));
+    for (size_t i = 0; i != count; ++i, ++*length)
+        if (out && *length + 1 < capacity) out[*length] = bytes[i];
+}
+
+static int uform_json_hex4(uform_json_t* json, uint32_t* code) {
+    if (json->end - json->at < 4) return uform_json_fail(json, "the JSON ends inside a \\u escape");
+    *code = 0;
+    for (int i = 0; i != 4; ++i) {
+        char h = *json->at++;
+        int digit = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (digit < 0) return uform_json_fail(json, "'%c' in a \\u escape is not a hex digit", h);
+        *code = *code * 16 + (uint32_t)digit;
+    }
+    return 1;
+}
+
+/**
+ *  Reads a string, escapes decoded to UTF-8, into `out` (NUL-terminated, at most `capacity - 1`
+ *  bytes kept); `*length` is its whole decoded length, so callers refuse strings that did not fit
+ *  rather than match a cut one. `out` may be NULL to only check the string. The header was checked
+ *  as UTF-8 before; NUL, raw control characters and unpaired surrogates are refused here.
+ */
+static int uform_json_string(uform_json_t* json, char* out, size_t capacity, size_t* length) {
+    size_t used = 0;
+    if (!uform_json_expect(json, '"')) return 0;
+    while (json->at < json->end && *json->at != '"') {
+        unsigned char c = (unsigned char)*json->at++;
+        uint32_t code = c;
+        if (c < 0x20) return uform_json_fail(json, "a raw control character (0x%02x) inside a string", c);
+        if (c == '\\') {
+            if (json->at >= json->end) break;
+            char e = *json->at++;
+            switch (e) {
+            case '"': case '\\': case '/': code = (uint32_t)e; break;
+            case 'b': code = '\b'; break;
+            case 'f': code = '\f'; break;
+            case 'n': code = '\n'; break;
+            case 'r': code = '\r'; break;
+            case 't': code = '\t'; break;
+            case 'u': {
+                if (!uform_json_hex4(json, &code)) return 0;
+                if (code >= 0xDC00 && code <= 0xDFFF) return uform_json_fail(json, "an unpaired surrogate \\u%04x", code);
+                if (code >= 0xD800 && code <= 0xDBFF) {
+                    uint32_t low;
+                    if (json->end - json->at < 2 || json->at[0] != '\\' || json->at[1] != 'u')
+                        return uform_json_fail(json, "an unpaired surrogate \\u%04x", code);
+                    json->at += 2;
+                    if (!uform_json_hex4(json, &low)) return 0;
+                    if (low < 0xDC00 || low > 0xDFFF) return uform_json_fail(json, "an unpaired surrogate \\u%04x", code);
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+                }
+                if (!code) return uform_json_fail(json, "\\u0000 inside a string");
+                break;
+            }
+            default: return uform_json_fail(json, "an unknown escape \\%c", e);
+            }
+            uform_json_put(out, capacity, &used, code);
+            continue;
+        }
+        if (out && used + 1 < capacity) out[used] = (char)c;
+        ++used;
+    }
+    if (out && capacity) out[used < capacity ? used : capacity - 1] = 0;
+    if (length) *length = used;
+    if (json->at >= json->end) return uform_json_fail(json, "the JSON ends inside a string");
+    ++json->at;
+    return 1;
+}
+
+/* Reads a non-negative integer: digits alone, no sign, fraction or exponent, below 2^64. */
 static int uform_json_unsigned(uform_json_t* json, uint64_t* value) {
     uform_json_space(json);
     char const* start = json->at;
     uint64_t result = 0;
     while (json->at < json->end && *json->at >= '0' && *json->at <= '9') {
         uint64_t digit = (uint64_t)(*json->at++ - '0');
-        if (result > (UINT64_MAX - digit) / 10) return 0;
+        if (result > (UINT64_MAX - digit) / 10) return uform_json_fail(json, "a number over 2^64 - 1");
         result = result * 10 + digit;
     }
+    if (json->at == start || (json->at < json->end && strchr(".eE", *json->at)))
+        return uform_json_fail(json, "expected a non-negative integer");
+    if (json->at - start > 1 && *start == '0') return uform_json_fail(json, "a number with a leading zero");
     *value = result;
-    return json->at != start;
+    return 1;
 }
 
-/* Skips any value, nesting at most 32 deep. */
+/* Checks and skips any JSON value, nesting at most UFORM_MAX_NESTING deep. */
 static int uform_json_skip(uform_json_t* json, int depth) {
-    if (depth > 32) return 0;
+    if (depth > UFORM_MAX_NESTING) return uform_json_fail(json, "JSON nested deeper than %d", UFORM_MAX_NESTING);
     uform_json_space(json);
-    if (json->at >= json->end) return 0;
+    if (json->at >= json->end) return uform_json_fail(json, "the JSON ends where a value belongs");
     char c = *json->at;
-    if (c == '"') return uform_json_string(json, NULL, 0);
+    if (c == '"') return uform_json_string(json, NULL, 0, NULL);
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
         ++json->at;
         if (uform_json_take(json, close)) return 1;
         do {
-            if (c == '{' && !(uform_json_string(json, NULL, 0) && uform_json_take(json, ':'))) return 0;
+            if (c == '{' && !(uform_json_string(json, NULL, 0, NULL) && uform_json_expect(json, ':'))) return 0;
             if (!uform_json_skip(json, depth + 1)) return 0;
         } while (uform_json_take(json, ','));
-        return uform_json_take(json, close);
+        return uform_json_expect(json, close);
     }
-    char const* start = json->at;
-    while (json->at < json->end && strchr("0123456789+-.eEtruefalsn", *json->at)) ++json->at;
-    return json->at != start;
+    static char const* const literals[3] = {"true", "false", "null"};
+    for (int i = 0; i != 3; ++i) {
+        size_t length = strlen(literals[i]);
+        if ((size_t)(json->end - json->at) >= length && !memcmp(json->at, literals[i], length))
+            return json->at += length, 1;
+    }
+    /* A number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+    char const* at = json->at;
+    int digits = 0;
+    if (at < json->end && *at == '-') ++at;
+    if (at < json->end && *at == '0') ++at, digits = 1;
+    else
+        while (at < json->end && *at >= '0' && *at <= '9') ++at, ++digits;
+    if (!digits) return uform_json_fail(json, "'%c' does not start a JSON value", c);
+    if (at < json->end && *at == '.') {
+        char const* fraction = ++at;
+        while (at < json->end && *at >= '0' && *at <= '9') ++at;
+        if (at == fraction) return uform_json_fail(json, "a number without digits after its point");
+    }
+    if (at < json->end && (*at == 'e' || *at == 'E')) {
+        if (++at < json->end && (*at == '+' || *at == '-')) ++at;
+        char const* exponent = at;
+        while (at < json->end && *at >= '0' && *at <= '9') ++at;
+        if (at == exponent) return uform_json_fail(json, "a number without digits in its exponent");
+    }
+    json->at = at;
+    return 1;
 }
+
+/* The dtypes safetensors defines, and their widths in bytes. */
+static struct {
+    char const* name;
+    uint64_t bytes;
+} const uform_dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1},
+                          {"I16", 2},  {"U16", 2}, {"F16", 2},  {"BF16", 2},    {"I32", 4},
+                          {"U32", 4},  {"F32", 4}, {"I64", 8},  {"U64", 8},     {"F64", 8}};
 
 typedef struct uform_entry_t {
     char name[96];
-    int f32;
+    char dtype[16];
+    uint64_t dtype_bytes; /* 0 until a known dtype is read */
     size_t dimensions;
-    uint64_t shape[8];
+    uint64_t shape[UFORM_MAX_DIMENSIONS];
     uint64_t begin, end;
+    unsigned given; /* bits: 1 dtype, 2 shape, 4 data_offsets */
+    int used;       /* matched to one of the layout's tensors */
 } uform_entry_t;
 
-static int uform_json_entry(uform_json_t* json, uform_entry_t* entry) {
-    if (!uform_json_take(json, '{')) return 0;
-    if (uform_json_take(json, '}')) return 1;
+/* Reads `[n, ...]` of at most `capacity` non-negative integers. */
+static int uform_json_integers(uform_json_t* json, uint64_t* values, size_t capacity, size_t* count,
+                               char const* what, char const* name) {
+    *count = 0;
+    if (!uform_json_expect(json, '[')) return 0;
+    if (uform_json_take(json, ']')) return 1;
     do {
-        char key[32], dtype[16];
-        if (!uform_json_string(json, key, sizeof(key)) || !uform_json_take(json, ':')) return 0;
-        if (!strcmp(key, "dtype")) {
-            if (!uform_json_string(json, dtype, sizeof(dtype))) return 0;
-            entry->f32 = !strcmp(dtype, "F32");
-        } else if (!strcmp(key, "shape") || !strcmp(key, "data_offsets")) {
-            int shape = !strcmp(key, "shape");
-            size_t count = 0;
-            uint64_t values[8];
-            if (!uform_json_take(json, '[')) return 0;
-            if (!uform_json_take(json, ']')) {
-                do {
-                    if (count == 8 || !uform_json_unsigned(json, &values[count++])) return 0;
-                } while (uform_json_take(json, ','));
-                if (!uform_json_take(json, ']')) return 0;
-            }
-            if (shape) {
-                entry->dimensions = count;
-                memcpy(entry->shape, values, sizeof(values));
-            } else {
-                if (count != 2) return 0;
-                entry->begin = values[0], entry->end = values[1];
-            }
-        } else if (!uform_json_skip(json, 1))
-            return 0;
+        if (*count == capacity)
+            return uform_json_fail(json, "tensor %s: %s has more than %zu entries", name, what, capacity);
+        if (!uform_json_unsigned(json, &values[(*count)++])) return 0;
     } while (uform_json_take(json, ','));
-    return uform_json_take(json, '}');
+    return uform_json_expect(json, ']');
 }
 
-/* Reads `"key": number` out of the config the metadata carries; 0 when absent. */
-static uint64_t uform_config_number(char const* config, char const* key) {
-    char pattern[64];
-    snprintf(pattern, sizeof(pattern), "\"%s\": ", key);
-    char const* found = strstr(config, pattern);
-    if (!found) return 0;
-    uform_json_t json = {found + strlen(pattern), found + strlen(found)};
-    uint64_t value = 0;
-    return uform_json_unsigned(&json, &value) ? value : 0;
+static int uform_json_entry(uform_json_t* json, uform_entry_t* entry) {
+    if (!uform_json_expect(json, '{')) return 0;
+    int empty = uform_json_take(json, '}');
+    while (!empty) {
+        char key[32];
+        size_t length;
+        if (!uform_json_string(json, key, sizeof(key), &length) || !uform_json_expect(json, ':')) return 0;
+        unsigned bit = !strcmp(key, "dtype") ? 1 : !strcmp(key, "shape") ? 2 : !strcmp(key, "data_offsets") ? 4 : 0;
+        if (length >= sizeof(key)) bit = 0;
+        if (bit & entry->given) return uform_json_fail(json, "tensor %s: \"%s\" is given twice", entry->name, key);
+        entry->given |= bit;
+        if (bit == 1) {
+            if (!uform_json_string(json, entry->dtype, sizeof(entry->dtype), &length)) return 0;
+            for (size_t i = 0; i != sizeof(uform_dtypes) / sizeof(uform_dtypes[0]) && length < sizeof(entry->dtype); ++i)
+                if (!strcmp(entry->dtype, uform_dtypes[i].name)) entry->dtype_bytes = uform_dtypes[i].bytes;
+            if (!entry->dtype_bytes)
+                return uform_json_fail(json, "tensor %s: dtype \"%s%s\" is not one safetensors defines", entry->name,
+                                       entry->dtype, length < sizeof(entry->dtype) ? "" : "...");
+        } else if (bit == 2) {
+            if (!uform_json_integers(json, entry->shape, UFORM_MAX_DIMENSIONS, &entry->dimensions, "shape", entry->name))
+                return 0;
+        } else if (bit == 4) {
+            uint64_t offsets[2];
+            size_t count;
+            if (!uform_json_integers(json, offsets, 2, &count, "data_offsets", entry->name)) return 0;
+            if (count != 2) return uform_json_fail(json, "tensor %s: data_offsets has %zu entries, not 2", entry->name, count);
+            entry->begin = offsets[0], entry->end = offsets[1];
+        } else if (!uform_json_skip(json, 2))
+            return 0;
+        if (!uform_json_take(json, ',')) break;
+    }
+    if (!empty && !uform_json_expect(json, '}')) return 0;
+    if (entry->given != 7)
+        return uform_json_fail(json, "tensor %s lacks its %s", entry->name,
+                               !(entry->given & 1) ? "dtype" : !(entry->given & 2) ? "shape" : "data_offsets");
+    return 1;
 }
 
 typedef struct uform_header_t {
-    uform_entry_t* entries;
+    uform_entry_t* entries; /* sorted by name once parsed */
     size_t count, capacity;
     char format[32];
     char config[4096];
     uint64_t step;
-    int has_step;
+    unsigned given;         /* bits: 1 __metadata__, 2 format, 4 step, 8 config */
+    uint64_t data_start, data_size;
 } uform_header_t;
 
-static int uform_header_parse(uform_json_t* json, uform_header_t* header) {
-    if (!uform_json_take(json, '{')) return 0;
+/* Reads `__metadata__`: an object of strings, of which format, step and config are read. */
+static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
+    if (!uform_json_expect(json, '{')) return 0;
     if (uform_json_take(json, '}')) return 1;
     do {
-        char name[96];
-        if (!uform_json_string(json, name, sizeof(name)) || !uform_json_take(json, ':')) return 0;
-        if (!strcmp(name, "__metadata__")) {
-            if (!uform_json_take(json, '{')) return 0;
-            if (uform_json_take(json, '}')) continue;
-            do {
-                char key[32], value[32];
-                if (!uform_json_string(json, key, sizeof(key)) || !uform_json_take(json, ':')) return 0;
-                if (!strcmp(key, "config")) {
-                    if (!uform_json_string(json, header->config, sizeof(header->config))) return 0;
-                    continue;
-                }
-                if (!uform_json_string(json, value, sizeof(value))) return 0;
-                if (!strcmp(key, "format")) strcpy(header->format, value);
-                if (!strcmp(key, "step")) {
-                    uform_json_t number = {value, value + strlen(value)};
-                    header->has_step = uform_json_unsigned(&number, &header->step) && number.at == number.end;
-                }
-            } while (uform_json_take(json, ','));
-            if (!uform_json_take(json, '}')) return 0;
-            continue;
+        char key[32], value[32];
+        size_t length, value_length;
+        if (!uform_json_string(json, key, sizeof(key), &length) || !uform_json_expect(json, ':')) return 0;
+        unsigned bit = !strcmp(key, "format") ? 2 : !strcmp(key, "step") ? 4 : !strcmp(key, "config") ? 8 : 0;
+        if (length >= sizeof(key)) bit = 0;
+        if (bit & header->given) return uform_json_fail(json, "__metadata__.%s is given twice", key);
+        header->given |= bit;
+        uform_json_space(json);
+        if (json->at < json->end && *json->at != '"')
+            return uform_json_fail(json, "__metadata__.%s%s is not a string", key, length < sizeof(key) ? "" : "...");
+        if (bit == 8) {
+            if (!uform_json_string(json, header->config, sizeof(header->config), &value_length)) return 0;
+            if (value_length >= sizeof(header->config))
+                return uform_json_fail(json, "__metadata__.config is %zu bytes, over %zu", value_length,
+                                       sizeof(header->config) - 1);
+        } else if (!uform_json_string(json, bit ? value : NULL, sizeof(value), &value_length))
+            return 0;
+        if (bit == 2) {
+            if (value_length >= sizeof(header->format))
+                return uform_json_fail(json, "__metadata__.format is %zu bytes long, not \"" UFORM_FORMAT "\"", value_length);
+            memcpy(header->format, value, value_length + 1);
         }
-        if (header->count == header->capacity) {
-            /* The header's own length bounds the entries, so growth is bounded by the file. */
-            size_t capacity = header->capacity ? header->capacity * 2 : 64;
-            uform_entry_t* grown = realloc(header->entries, capacity * sizeof(uform_entry_t));
-            if (!grown) return 0;
-            header->entries = grown, header->capacity = capacity;
+        if (bit == 4) {
+            uform_json_t number = {value, value, value + (value_length < sizeof(value) ? value_length : 0), ""};
+            if (!value_length || value[0] < '0' || value[0] > '9' || !uform_json_unsigned(&number, &header->step) ||
+                number.at != number.end)
+                return uform_json_fail(json, "__metadata__.step \"%s%s\" is not a step count", value,
+                                       value_length < sizeof(value) ? "" : "...");
+            if (header->step >= (1ull << 63))
+                return uform_json_fail(json, "__metadata__.step %llu is past 2^63", (unsigned long long)header->step);
         }
-        uform_entry_t* entry = &header->entries[header->count++];
-        memset(entry, 0, sizeof(*entry));
-        strcpy(entry->name, name);
-        if (!uform_json_entry(json, entry)) return 0;
     } while (uform_json_take(json, ','));
-    return uform_json_take(json, '}');
+    return uform_json_expect(json, '}');
 }
 
-static uform_status_t uform_geometry_check(uform_header_t const* header, uform_layout_t const* layout,
-                                           char const** error) {
-    struct { char const* key; uint64_t expected; } fields[] = {
-        {"depth", layout->depth}, {"hidden", layout->hidden}, {"temperature_groups", layout->temperature_groups}};
-    for (size_t i = 0; i != sizeof(fields) / sizeof(fields[0]); ++i) {
-        uint64_t found = uform_config_number(header->config, fields[i].key);
-        if (found && found != fields[i].expected)
-            return UFORM_BAD("resume: the checkpoint has %s = %llu, the config asks for %llu", fields[i].key,
-                             (unsigned long long)found, (unsigned long long)fields[i].expected);
+static int uform_header_parse(uform_json_t* json, uform_header_t* header) {
+    if (!uform_json_expect(json, '{')) return 0;
+    int empty = uform_json_take(json, '}');
+    while (!empty) {
+        char name[sizeof(header->entries->name)];
+        size_t length;
+        if (!uform_json_string(json, name, sizeof(name), &length) || !uform_json_expect(json, ':')) return 0;
+        if (length >= sizeof(name)) return uform_json_fail(json, "a tensor name of %zu bytes, over %zu", length, sizeof(name) - 1);
+        if (!strcmp(name, "__metadata__")) {
+            if (header->given & 1) return uform_json_fail(json, "__metadata__ is given twice");
+            header->given |= 1;
+            if (!uform_json_metadata(json, header)) return 0;
+        } else {
+            if (header->count == UFORM_MAX_TENSORS)
+                return uform_json_fail(json, "more than %d tensors, more than any model of this library has",
+                                       UFORM_MAX_TENSORS);
+            if (header->count == header->capacity) {
+                size_t capacity = header->capacity ? header->capacity * 2 : 64;
+                if (capacity > UFORM_MAX_TENSORS) capacity = UFORM_MAX_TENSORS;
+                uform_entry_t* grown = realloc(header->entries, capacity * sizeof(uform_entry_t));
+                if (!grown) return uform_json_fail(json, "no memory for %zu tensors' entries", capacity);
+                header->entries = grown, header->capacity = capacity;
+            }
+            uform_entry_t* entry = &header->entries[header->count++];
+            memset(entry, 0, sizeof(*entry));
+            memcpy(entry->name, name, length + 1);
+            if (!uform_json_entry(json, entry)) return 0;
+        }
+        if (!uform_json_take(json, ',')) break;
     }
-    return uform_status_success_k;
+    if (!empty && !uform_json_expect(json, '}')) return 0;
+    uform_json_space(json);
+    if (json->at != json->end) return uform_json_fail(json, "bytes after the header's JSON object");
+    return 1;
 }
 
-/* Opens a checkpoint and parses its header; on success the caller owns `*file` and `header->entries`. */
-static uform_status_t uform_checkpoint_open(char const* path, FILE** opened, uform_header_t* header,
-                                            uint64_t* data_start, uint64_t* data_size, char const** error) {
+static int uform_entries_by_name(void const* a, void const* b) {
+    return strcmp(((uform_entry_t const*)a)->name, ((uform_entry_t const*)b)->name);
+}
+
+static int uform_entries_by_offsets(void const* a, void const* b) {
+    uform_entry_t const *x = *(uform_entry_t const* const*)a, *y = *(uform_entry_t const* const*)b;
+    if (x->begin != y->begin) return (x->begin > y->begin) - (x->begin < y->begin);
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+static void uform_shape_print(char* out, size_t capacity, uform_entry_t const* entry) {
+    size_t used = (size_t)snprintf(out, capacity, "[");
+    for (size_t i = 0; i != entry->dimensions && used < capacity; ++i)
+        used += (size_t)snprintf(out + used, capacity - used, "%s%llu", i ? ", " : "", (unsigned long long)entry->shape[i]);
+    if (used < capacity) snprintf(out + used, capacity - used, "]");
+}
+
+/* Checks the tensors tile the data as safetensors requires: each entry's bytes are its shape times its
+   dtype's width, entries neither overlap nor leave gaps, and they end where the file ends. */
+static uform_status_t uform_entries_check(uform_header_t const* header, char const* what, char const* path,
+                                          char const** error) {
+    uform_entry_t const** order = malloc((header->count ? header->count : 1) * sizeof(uform_entry_t const*));
+    if (!order) return uform_fail(error, uform_status_out_of_memory_k, "%s: no memory to order %zu tensors", what, header->count);
+    for (size_t i = 0; i != header->count; ++i) order[i] = &header->entries[i];
+    qsort(order, header->count, sizeof(uform_entry_t const*), uform_entries_by_offsets);
+    uform_status_t status = uform_status_success_k;
+    uint64_t covered = 0;
+    char shape[256];
+    for (size_t i = 0; i != header->count && status == uform_status_success_k; ++i) {
+        uform_entry_t const* entry = order[i];
+        uint64_t bytes = entry->dtype_bytes;
+        for (size_t d = 0; d != entry->dimensions && bytes; ++d)
+            bytes = entry->shape[d] && bytes > UINT64_MAX / entry->shape[d] ? UINT64_MAX : bytes * entry->shape[d];
+        uform_shape_print(shape, sizeof(shape), entry);
+        if (bytes == UINT64_MAX)
+            status = UFORM_BAD("%s: %s: tensor %s has shape %s, whose size overflows 64 bits", what, path, entry->name, shape);
+        else if (entry->begin > entry->end)
+            status = UFORM_BAD("%s: %s: tensor %s has data_offsets [%llu, %llu], which run backwards", what, path,
+                               entry->name, (unsigned long long)entry->begin, (unsigned long long)entry->end);
+        else if (entry->end > header->data_size)
+            status = UFORM_BAD("%s: %s: tensor %s at bytes [%llu, %llu) runs past the end of the data, %llu bytes: "
+                               "the file is truncated or its offsets are wrong",
+                               what, path, entry->name, (unsigned long long)entry->begin,
+                               (unsigned long long)entry->end, (unsigned long long)header->data_size);
+        else if (entry->end - entry->begin != bytes)
+            status = UFORM_BAD("%s: %s: tensor %s spans %llu bytes, but its shape %s of %s needs %llu", what, path,
+                               entry->name, (unsigned long long)(entry->end - entry->begin), shape, entry->dtype,
+                               (unsigned long long)bytes);
+    }
+    /* Each entry is sound alone; now whether they tile. */
+    for (size_t i = 0; i != header->count && status == uform_status_success_k; ++i) {
+        uform_entry_t const* entry = order[i];
+        if (entry->begin < covered)
+            status = UFORM_BAD("%s: %s: tensor %s at bytes [%llu, %llu) overlaps tensor %s at [%llu, %llu)", what, path,
+                               entry->name, (unsigned long long)entry->begin, (unsigned long long)entry->end,
+                               order[i - 1]->name, (unsigned long long)order[i - 1]->begin,
+                               (unsigned long long)order[i - 1]->end);
+        else if (entry->begin > covered)
+            status = UFORM_BAD("%s: %s: %llu bytes at [%llu, %llu) before tensor %s belong to no tensor", what, path,
+                               (unsigned long long)(entry->begin - covered), (unsigned long long)covered,
+                               (unsigned long long)entry->begin, entry->name);
+        covered = entry->end;
+    }
+    free(order);
+    if (status == uform_status_success_k && covered != header->data_size)
+        status = UFORM_BAD("%s: %s: %llu bytes after the last tensor belong to no tensor", what, path,
+                           (unsigned long long)(header->data_size - covered));
+    return status;
+}
+
+/* Opens a checkpoint and checks all of its structure; on success the caller owns `*opened` and
+   `header->entries`. `what` names the argument that brought the path: "resume" or "path". */
+static uform_status_t uform_checkpoint_open(char const* path, char const* what, FILE** opened, uform_header_t* header,
+                                            char const** error) {
+    memset(header, 0, sizeof(*header));
     FILE* file = fopen(path, "rb");
-    if (!file) return uform_fail(error, uform_status_io_k, "resume: cannot open %s: %s", path, strerror(errno));
+    if (!file) return uform_fail(error, uform_status_io_k, "%s: cannot open %s: %s", what, path, strerror(errno));
     uform_status_t status = uform_status_success_k;
     char* text = NULL;
     struct stat info;
     unsigned char length_bytes[8];
-    memset(header, 0, sizeof(*header));
-    if (fstat(fileno(file), &info) != 0 || fread(length_bytes, 1, 8, file) != 8) {
-        status = UFORM_BAD("resume: %s is shorter than a safetensors header", path);
+    if (fstat(fileno(file), &info) != 0 || !S_ISREG(info.st_mode)) {
+        status = uform_fail(error, uform_status_io_k, "%s: %s is not a regular file", what, path);
         goto done;
     }
     uint64_t file_size = (uint64_t)info.st_size, header_length = 0;
+    if (file_size < 8 || fread(length_bytes, 1, 8, file) != 8) {
+        status = UFORM_BAD("%s: %s is %llu bytes, too short for a safetensors header's 8-byte length", what, path,
+                           (unsigned long long)file_size);
+        goto done;
+    }
     for (int i = 0; i != 8; ++i) header_length |= (uint64_t)length_bytes[i] << (8 * i);
-    if (header_length < 2 || header_length > file_size - 8 || header_length > (64u << 20)) {
-        status = UFORM_BAD("resume: %s claims a header of %llu bytes in a file of %llu", path,
-                           (unsigned long long)header_length, (unsigned long long)file_size);
+    if (header_length > file_size - 8) {
+        status = UFORM_BAD("%s: %s claims a header of %llu bytes, but only %llu bytes follow its length", what, path,
+                           (unsigned long long)header_length, (unsigned long long)(file_size - 8));
+        goto done;
+    }
+    if (header_length > UFORM_MAX_HEADER || header_length < 2) {
+        status = UFORM_BAD("%s: %s claims a header of %llu bytes; a header takes 2 bytes to 64 MiB", what, path,
+                           (unsigned long long)header_length);
         goto done;
     }
     text = malloc(header_length);
     if (!text) {
-        status = uform_fail(error, uform_status_out_of_memory_k, "resume: no memory for a %llu-byte header",
+        status = uform_fail(error, uform_status_out_of_memory_k, "%s: no memory for a %llu-byte header", what,
                             (unsigned long long)header_length);
         goto done;
     }
     if (fread(text, 1, header_length, file) != header_length) {
-        status = UFORM_BAD("resume: %s ends inside its header", path);
+        status = UFORM_BAD("%s: %s ends inside its header", what, path);
         goto done;
     }
-    uform_json_t json = {text, text + header_length};
+    for (size_t at = 0, step; at < header_length; at += step)
+        if (!(step = uform_utf8_sequence((unsigned char const*)text + at, header_length - at))) {
+            status = UFORM_BAD("%s: %s has a header that is not UTF-8 at byte %zu (0x%02x)", what, path, (size_t)at + 8,
+                               (unsigned char)text[at]);
+            goto done;
+        }
+    uform_json_t json = {text, text, text + header_length, ""};
     if (!uform_header_parse(&json, header)) {
-        status = UFORM_BAD("resume: %s has a malformed header near byte %zu", path, (size_t)(json.at - text) + 8);
+        status = UFORM_BAD("%s: %s has a malformed header at byte %zu: %s", what, path, (size_t)(json.at - text) + 8,
+                           json.problem);
         goto done;
     }
-    if (strcmp(header->format, UFORM_FORMAT)) {
-        status = UFORM_BAD("resume: %s has format \"%s\", not \"" UFORM_FORMAT "\"", path, header->format);
-        goto done;
-    }
-    if (!header->has_step) status = UFORM_BAD("resume: %s lacks its step in the metadata", path);
-    *data_start = 8 + header_length, *data_size = file_size - 8 - header_length;
+    if (!(header->given & 1)) status = UFORM_BAD("%s: %s lacks __metadata__, so it is no uform checkpoint", what, path);
+    else if (!(header->given & 2)) status = UFORM_BAD("%s: %s lacks __metadata__.format", what, path);
+    else if (strcmp(header->format, UFORM_FORMAT))
+        status = UFORM_BAD("%s: %s has format \"%s\", not \"" UFORM_FORMAT "\"", what, path, header->format);
+    else if (!(header->given & 4)) status = UFORM_BAD("%s: %s lacks its step in __metadata__.step", what, path);
+    else if (!(header->given & 8)) status = UFORM_BAD("%s: %s lacks its config in __metadata__.config", what, path);
+    if (status != uform_status_success_k) goto done;
+    if (header->count) qsort(header->entries, header->count, sizeof(uform_entry_t), uform_entries_by_name);
+    for (size_t i = 1; i < header->count && status == uform_status_success_k; ++i)
+        if (!strcmp(header->entries[i].name, header->entries[i - 1].name))
+            status = UFORM_BAD("%s: %s gives the tensor %s twice", what, path, header->entries[i].name);
+    header->data_start = 8 + header_length, header->data_size = file_size - 8 - header_length;
+    if (status == uform_status_success_k) status = uform_entries_check(header, what, path, error);
 done:
     free(text);
     if (status != uform_status_success_k) {
@@ -492,22 +751,185 @@ done:
     return status;
 }
 
+/* The geometry a checkpoint's config records; zero where a field is absent. */
+typedef struct uform_geometry_t {
+    uint64_t depth, hidden, temperature_groups;
+    uint64_t max_rows_per_device, max_segments_per_device, max_columns_per_row;
+} uform_geometry_t;
+
+/* One field of the config the reader wants: an integer, or an object of more such fields. */
+typedef struct uform_config_field_t {
+    char const* name;
+    uint64_t* value;
+    struct uform_config_field_t const* fields;
+    size_t count;
+} uform_config_field_t;
+
+/* Reads the listed fields of one object of the config, checking and skipping the rest; `parent`
+   names the object for messages (NULL at the top). */
+static int uform_config_object(uform_json_t* json, char const* parent, uform_config_field_t const* fields,
+                               size_t count, int depth) {
+    if (!uform_json_expect(json, '{')) return 0;
+    if (uform_json_take(json, '}')) return 1;
+    unsigned seen = 0;
+    do {
+        char key[40];
+        size_t length, k = count;
+        if (!uform_json_string(json, key, sizeof(key), &length) || !uform_json_expect(json, ':')) return 0;
+        for (size_t i = 0; i != count && length < sizeof(key); ++i)
+            if (!strcmp(key, fields[i].name)) k = i;
+        if (k == count) {
+            if (!uform_json_skip(json, depth + 1)) return 0;
+            continue;
+        }
+        if (seen & (1u << k))
+            return uform_json_fail(json, "config.%s%s%s is given twice", parent ? parent : "", parent ? "." : "", key);
+        seen |= 1u << k;
+        if (fields[k].fields) {
+            if (!uform_config_object(json, fields[k].name, fields[k].fields, fields[k].count, depth + 1)) return 0;
+        } else if (!uform_json_unsigned(json, fields[k].value) || *fields[k].value > UINT32_MAX) {
+            json->problem[0] = 0; /* this message says more than the number reader's */
+            return uform_json_fail(json, "config.%s%s%s is not an integer in [0, 2^32)", parent ? parent : "",
+                                   parent ? "." : "", key);
+        }
+    } while (uform_json_take(json, ','));
+    return uform_json_expect(json, '}');
+}
+
+/* Reads the geometry out of the config the metadata carries, which is JSON in a JSON string. */
+static uform_status_t uform_geometry_read(uform_header_t const* header, uform_geometry_t* geometry, char const* what,
+                                          char const* path, char const** error) {
+    memset(geometry, 0, sizeof(*geometry));
+    uform_config_field_t const batch[] = {{"max_rows_per_device", &geometry->max_rows_per_device, NULL, 0},
+                                          {"max_segments_per_device", &geometry->max_segments_per_device, NULL, 0},
+                                          {"max_columns_per_row", &geometry->max_columns_per_row, NULL, 0}};
+    uform_config_field_t const contrastive[] = {{"temperature_groups", &geometry->temperature_groups, NULL, 0}};
+    uform_config_field_t const top[] = {{"depth", &geometry->depth, NULL, 0},
+                                        {"hidden", &geometry->hidden, NULL, 0},
+                                        {"batch", NULL, batch, 3},
+                                        {"contrastive", NULL, contrastive, 1}};
+    uform_json_t json = {header->config, header->config, header->config + strlen(header->config), ""};
+    int ok = uform_config_object(&json, NULL, top, 4, 0);
+    uform_json_space(&json);
+    if (ok && json.at != json.end) ok = uform_json_fail(&json, "bytes after the config's JSON object");
+    if (!ok)
+        return UFORM_BAD("%s: %s has a malformed __metadata__.config at byte %zu: %s", what, path,
+                         (size_t)(json.at - json.begin), json.problem);
+    char const* missing = !geometry->depth               ? "depth"
+                          : !geometry->hidden            ? "hidden"
+                          : !geometry->temperature_groups ? "contrastive.temperature_groups"
+                                                         : NULL;
+    if (missing) return UFORM_BAD("%s: %s lacks config.%s in its metadata", what, path, missing);
+    return uform_status_success_k;
+}
+
+/* Finds each of the layout's tensors, in every family, as F32 of its shape; refuses any other tensor.
+   With the tiling checked, the data then is exactly the size the layout needs. */
+static uform_status_t uform_tensors_match(uform_header_t* header, uform_layout_t const* layout, char const* what,
+                                          char const* path, char const** error) {
+    for (int family = 0; family != 3; ++family)
+        for (size_t i = 0; i != layout->count; ++i) {
+            uform_tensor_t const* tensor = &layout->tensors[i];
+            uform_entry_t key;
+            snprintf(key.name, sizeof(key.name), "%s%s", uform_families[family], tensor->name);
+            uform_entry_t* entry = header->count ? bsearch(&key, header->entries, header->count, sizeof(uform_entry_t),
+                                                           uform_entries_by_name)
+                                                 : NULL;
+            if (!entry) return UFORM_BAD("%s: %s lacks the tensor %s", what, path, key.name);
+            char shape[256];
+            uform_shape_print(shape, sizeof(shape), entry);
+            int matches = tensor->rows == 1 ? entry->dimensions == 1 && entry->shape[0] == tensor->cols
+                                            : entry->dimensions == 2 && entry->shape[0] == tensor->rows &&
+                                                  entry->shape[1] == tensor->cols;
+            if (strcmp(entry->dtype, "F32") || !matches) {
+                char needed[64];
+                if (tensor->rows == 1) snprintf(needed, sizeof(needed), "[%zu]", tensor->cols);
+                else snprintf(needed, sizeof(needed), "[%zu, %zu]", tensor->rows, tensor->cols);
+                return UFORM_BAD("%s: %s holds %s as %s %s, the model needs F32 %s", what, path, key.name,
+                                 entry->dtype, shape, needed);
+            }
+            entry->used = 1;
+        }
+    for (size_t k = 0; k != header->count; ++k)
+        if (!header->entries[k].used)
+            return UFORM_BAD("%s: %s holds the tensor %s, which a model of depth %u, hidden %u and %u temperature "
+                             "groups lacks",
+                             what, path, header->entries[k].name, layout->depth, layout->hidden,
+                             layout->temperature_groups);
+    return uform_status_success_k;
+}
+
+/* Reads one tensor and checks every value: weights and first moments finite, second moments finite
+   and not negative. A run never saves anything else, and AdamW would spread any of it to every weight. */
+static uform_status_t uform_tensor_read(FILE* file, uform_header_t const* header, char const* name, int family,
+                                        float* values, size_t count, char const* path, char const** error) {
+    uform_entry_t key;
+    snprintf(key.name, sizeof(key.name), "%s", name);
+    uform_entry_t const* entry =
+        header->count ? bsearch(&key, header->entries, header->count, sizeof(uform_entry_t), uform_entries_by_name) : NULL;
+    if (!entry || fseeko(file, (off_t)(header->data_start + entry->begin), SEEK_SET) != 0 ||
+        fread(values, sizeof(float), count, file) != count)
+        return UFORM_BAD("resume: %s ends inside %s; was it cut while being read?", path, name);
+    for (size_t k = 0; k != count; ++k)
+        if (!isfinite(values[k]) || (family == 2 && values[k] < 0))
+            return UFORM_BAD("resume: %s holds %g in %s at element %zu; %s", path, (double)values[k], name, k,
+                             family == 2 ? "second moments are finite and not negative" : "values are finite");
+    return uform_status_success_k;
+}
+
+/**
+ *  Reads the geometry an encoder of a checkpoint runs with: the run's depth, width, temperature
+ *  groups and columns, checked as a trainer's config would be, with every tensor that geometry
+ *  needs present in the file. The rows are the encoder's own: it packs at most
+ *  `uform_encoder_tokens_k` tokens a pass, so what it allocates follows the model in the file, not
+ *  the batch the run trained with, which no byte of the file vouches for. A run whose rows were
+ *  longer than that is refused by name.
+ */
+enum { uform_encoder_tokens_k = 16384 };
+
 uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error) {
     FILE* file;
     uform_header_t header;
-    uint64_t data_start, data_size;
-    uform_status_t status = uform_checkpoint_open(path, &file, &header, &data_start, &data_size, error);
+    uform_geometry_t geometry;
+    uform_status_t status = uform_checkpoint_open(path, "path", &file, &header, error);
     if (status != uform_status_success_k) return status;
-    config->depth = (uint32_t)uform_config_number(header.config, "depth");
-    config->hidden = (uint32_t)uform_config_number(header.config, "hidden");
-    config->contrastive.temperature_groups = (uint32_t)uform_config_number(header.config, "temperature_groups");
-    config->batch.max_rows_per_device = (uint32_t)uform_config_number(header.config, "max_rows_per_device");
-    config->batch.max_columns_per_row = (uint32_t)uform_config_number(header.config, "max_columns_per_row");
-    config->batch.max_segments_per_device = (uint32_t)uform_config_number(header.config, "max_segments_per_device");
-    free(header.entries);
     fclose(file);
-    if (!config->depth || !config->hidden)
-        return UFORM_BAD("path: %s lacks depth and hidden in its metadata's config", path);
+    status = uform_geometry_read(&header, &geometry, "path", path, error);
+    uform_trainer_init_vram_t wanted;
+    memset(&wanted, 0, sizeof(wanted));
+    wanted.depth = (uint32_t)geometry.depth, wanted.hidden = (uint32_t)geometry.hidden;
+    wanted.contrastive.temperature_groups = (uint32_t)geometry.temperature_groups;
+    wanted.batch.max_columns_per_row = (uint32_t)geometry.max_columns_per_row;
+    wanted.batch.max_rows_per_device = (uint32_t)geometry.max_rows_per_device;
+    wanted.batch.max_segments_per_device = (uint32_t)geometry.max_segments_per_device;
+    wanted.objective = uform_objective_contrastive_k, wanted.schedule.steps = 1;
+    uform_config_t derived;
+    char const* refusal = NULL;
+    if (status == uform_status_success_k && uform_config_derive(&derived, &wanted, &refusal) != uform_status_success_k) {
+        char reason[512]; /* the message lives where the next one is written */
+        snprintf(reason, sizeof(reason), "%s", refusal ? refusal : "refused");
+        status = UFORM_BAD("path: %s records a config no trainer takes: %s", path, reason);
+    }
+    uform_layout_t layout = {0};
+    if (status == uform_status_success_k)
+        status = uform_layout_init(&layout, wanted.depth, wanted.hidden, wanted.contrastive.temperature_groups, 10, -10,
+                                   error);
+    if (status == uform_status_success_k) status = uform_tensors_match(&header, &layout, "path", path, error);
+    uform_layout_free(&layout);
+    free(header.entries);
+    if (status != uform_status_success_k) return status;
+
+    uint32_t columns = derived.given.batch.max_columns_per_row, rows = uform_encoder_tokens_k / columns;
+    if (!rows)
+        return UFORM_BAD("path: %s records config.batch.max_columns_per_row = %u; an encoder packs at most %d "
+                         "tokens a pass",
+                         path, columns, uform_encoder_tokens_k);
+    if (rows > derived.given.batch.max_rows_per_device) rows = derived.given.batch.max_rows_per_device;
+    uint32_t segments = derived.given.batch.max_segments_per_device;
+    if (segments > rows * columns) segments = rows * columns; /* every item takes at least one token */
+    *config = wanted;
+    config->batch.max_rows_per_device = rows;
+    config->batch.max_segments_per_device = segments;
     return uform_status_success_k;
 }
 
@@ -515,49 +937,29 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
                                      float* second, uint64_t* step, char const** error) {
     FILE* file;
     uform_header_t header;
-    uint64_t data_start, data_size;
-    uform_status_t status = uform_checkpoint_open(path, &file, &header, &data_start, &data_size, error);
+    uform_geometry_t geometry;
+    uform_status_t status = uform_checkpoint_open(path, "resume", &file, &header, error);
     if (status != uform_status_success_k) return status;
-    status = uform_geometry_check(&header, layout, error);
-    if (status != uform_status_success_k) goto done;
+    status = uform_geometry_read(&header, &geometry, "resume", path, error);
+    struct { char const* key; uint64_t found, expected; } fields[] = {
+        {"depth", geometry.depth, layout->depth},
+        {"hidden", geometry.hidden, layout->hidden},
+        {"temperature_groups", geometry.temperature_groups, layout->temperature_groups}};
+    for (size_t i = 0; i != sizeof(fields) / sizeof(fields[0]) && status == uform_status_success_k; ++i)
+        if (fields[i].found != fields[i].expected)
+            status = UFORM_BAD("resume: the checkpoint %s has %s = %llu, the config asks for %llu", path, fields[i].key,
+                               (unsigned long long)fields[i].found, (unsigned long long)fields[i].expected);
+    if (status == uform_status_success_k) status = uform_tensors_match(&header, layout, "resume", path, error);
     float* families[3] = {weights, first, second};
-    for (int family = 0; family != 3; ++family)
-        for (size_t i = 0; i != layout->count; ++i) {
+    for (int family = 0; family != 3 && status == uform_status_success_k; ++family)
+        for (size_t i = 0; i != layout->count && status == uform_status_success_k; ++i) {
             uform_tensor_t const* tensor = &layout->tensors[i];
-            char name[96];
+            char name[sizeof(header.entries->name)];
             snprintf(name, sizeof(name), "%s%s", uform_families[family], tensor->name);
-            uform_entry_t const* entry = NULL;
-            for (size_t k = 0; k != header.count && !entry; ++k)
-                if (!strcmp(header.entries[k].name, name)) entry = &header.entries[k];
-            if (!entry) {
-                status = UFORM_BAD("resume: %s lacks the tensor %s", path, name);
-                goto done;
-            }
-            int matches = tensor->rows == 1 ? entry->dimensions == 1 && entry->shape[0] == tensor->cols
-                                            : entry->dimensions == 2 && entry->shape[0] == tensor->rows &&
-                                                  entry->shape[1] == tensor->cols;
-            if (!entry->f32 || !matches) {
-                status = UFORM_BAD("resume: %s holds %s as %s of %zu dimensions, the config needs F32 [%zu, %zu]",
-                                   path, name, entry->f32 ? "F32" : "another dtype", entry->dimensions, tensor->rows,
-                                   tensor->cols);
-                goto done;
-            }
-            if (entry->begin > entry->end || entry->end > data_size ||
-                entry->end - entry->begin != uform_tensor_bytes(tensor)) {
-                status = UFORM_BAD("resume: %s places %s at bytes [%llu, %llu) of %llu", path, name,
-                                   (unsigned long long)entry->begin, (unsigned long long)entry->end,
-                                   (unsigned long long)data_size);
-                goto done;
-            }
-            if (fseeko(file, (off_t)(data_start + entry->begin), SEEK_SET) != 0 ||
-                fread(families[family] + tensor->offset, 1, uform_tensor_bytes(tensor), file) !=
-                    uform_tensor_bytes(tensor)) {
-                status = UFORM_BAD("resume: %s ends inside %s", path, name);
-                goto done;
-            }
+            status = uform_tensor_read(file, &header, name, family, families[family] + tensor->offset,
+                                       tensor->rows * tensor->cols, path, error);
         }
-    *step = header.step;
-done:
+    if (status == uform_status_success_k) *step = header.step;
     free(header.entries);
     fclose(file);
     return status;
