@@ -238,10 +238,13 @@ def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
                 hear("saving"), hear("saved")
                 assert not leftovers(tmp_path)
                 if save_seconds is None:  # the first child measures how long a save takes here
-                    hear("saving")
-                    started = time.perf_counter()
-                    hear("saved")
-                    save_seconds = time.perf_counter() - started
+                    durations = []
+                    for _ in range(3):
+                        hear("saving")
+                        started = time.perf_counter()
+                        hear("saved")
+                        durations.append(time.perf_counter() - started)
+                    save_seconds = sorted(durations)[1]
                 # Kill anywhere from the start of the next save to a little past its end: while it writes,
                 # flushes or renames, or just after, while it steps.
                 hear("saving")
