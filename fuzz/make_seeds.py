@@ -1,0 +1,131 @@
+"""Writes the seed corpora under `fuzz/corpus/`: batches in the byte format `fuzz/batch.c`
+decodes, and checkpoints for `fuzz/checkpoint.c` (one real checkpoint of a tiny model, its header
+alone, truncations and small crafted files).
+
+    python fuzz/make_seeds.py      # needs the package built: `python setup.py build_ext --inplace`
+
+The corpora are committed; this script says how they were made and remakes them. Files named
+`finding-*` are not made here: each is the input that found a bug, kept so every run replays it
+(see fuzz/RESULTS.md).
+"""
+import json
+import os
+import struct
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Batches: the bytes fuzz/batch.c reads, field by field                                           #
+# ---------------------------------------------------------------------------------------------- #
+
+def batch(trainer=0, count=2, lengths=None, attract=None, repel=None, ignore=None, bags=None, groups=None,
+          sides=None, modalities=None, embeddings=None, weights=None):
+    """One batch: `trainer` 0 joint, 1 contrastive, 2 masked; edges as lists of runs per item."""
+    lengths = lengths or [3 + i for i in range(count)]
+    flags = (0x02 if bags else 0) | (0x04 if groups else 0) | (0x08 if sides else 0) | (0x20 if embeddings is not None else 0)
+    out = bytearray([trainer + 3, flags, count])          # head % 3 picks the trainer
+    out += bytes(modalities or [0] * count)               # below 224: text
+    out += bytes([16, 0, 0])                              # tape of both, count as given, offsets[0] = 0
+    out += bytes(lengths)                                 # each below 232: a step of length % 48
+    for labels in (bags, groups, sides):
+        if labels:
+            out += bytes(labels)
+    for runs in (attract, repel, ignore):
+        if runs is None:
+            out += bytes([0])                             # absent
+            continue
+        out += bytes([104])                               # well formed
+        out += bytes(len(run) for run in runs)            # run lengths (each below 4)
+        out += bytes([0])                                 # ids_count as the offsets say
+        for run in runs:                                  # a start id below 8, then gaps: id += 1 + gap % 3
+            start = run[0] if run else 0
+            out += bytes([start])
+            previous = start
+            for i, id in enumerate(run):
+                nxt = run[i + 1] if i + 1 < len(run) else previous + 1
+                out += bytes([max(0, nxt - previous - 1)])
+                previous = nxt
+        out += bytes([200 if weights else 0])
+        if weights:
+            out += bytes(weights[: sum(len(r) for r in runs)])
+    if embeddings is not None:
+        out += bytes([embeddings])
+    return bytes(out)
+
+
+BATCHES = {
+    "pair": batch(attract=[[1], [0]], embeddings=0),
+    "pair_contrastive": batch(trainer=1, attract=[[1], [0]]),
+    "masked_one": batch(trainer=2, count=1, lengths=[20]),
+    "four_relations": batch(count=4, attract=[[1], [0], [3], [2]], repel=[[2], [], [0], []], ignore=[[0], [], [], [3]]),
+    "weighted": batch(count=3, attract=[[1, 2], [0], [0]], weights=[0, 1, 2, 3], embeddings=1),
+    "bags_groups": batch(count=4, attract=[[1], [0], [3], [2]], bags=[0, 0, 1, 1], groups=[0, 1, 0, 1], embeddings=2),
+    "long_items": batch(count=3, lengths=[47, 47, 40], embeddings=3),
+    "sixteen": batch(count=16, lengths=[5] * 16),
+    "sides": batch(count=2, sides=[0, 0]),
+    "image": batch(count=2, modalities=[0, 225]),
+    "empty_item": batch(count=2, lengths=[0, 4]),
+}
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Checkpoints                                                                                     #
+# ---------------------------------------------------------------------------------------------- #
+
+def safetensors(header, data=b""):
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def tiny_checkpoint(path):
+    import uform
+
+    config = dict(depth=1, hidden=128, objective=uform.Objective.JOINT, schedule=dict(steps=100),
+                  batch=dict(max_rows_per_device=2, max_columns_per_row=16, max_segments_per_device=4))
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+        trainer.step(dict(modalities=[uform.Modality.TEXT] * 2, contents=["ab", "cd"],
+                          relations=dict(attract=uform.Edges(offsets=[0, 1, 2], ids=[1, 0]))))
+        trainer.save(path)
+
+
+def main():
+    batches = os.path.join(HERE, "corpus", "batch")
+    checkpoints = os.path.join(HERE, "corpus", "checkpoint")
+    os.makedirs(batches, exist_ok=True)
+    os.makedirs(checkpoints, exist_ok=True)
+    for name, data in BATCHES.items():
+        with open(os.path.join(batches, name), "wb") as file:
+            file.write(data)
+
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_checkpoint(os.path.join(folder, "tiny.safetensors"))
+        with open(os.path.join(folder, "tiny.safetensors"), "rb") as file:
+            whole = file.read()
+    (length,) = struct.unpack("<Q", whole[:8])
+    header = json.loads(whole[8 : 8 + length])
+    metadata = header["__metadata__"]
+    small = {
+        "tiny": whole,                                   # loads: the encoder embeds, resume resumes
+        "header_only": whole[: 8 + length],
+        "truncated_in_data": whole[: 8 + length + 4096],
+        "truncated_in_header": whole[: 8 + length // 2],
+        "length_only": whole[:8],
+        "empty_header": safetensors({}),
+        "metadata_only": safetensors({"__metadata__": metadata}),
+        "one_tensor": safetensors({"__metadata__": metadata,
+                                   "final_norm": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+                                  struct.pack("<2f", 1.0, 2.0)),
+        "odd_dtypes": safetensors({"a": {"dtype": "F16", "shape": [2, 1], "data_offsets": [0, 4]},
+                                   "b": {"dtype": "I64", "shape": [], "data_offsets": [4, 12]}}, bytes(12)),
+    }
+    for name, data in small.items():
+        with open(os.path.join(checkpoints, name), "wb") as file:
+            file.write(data)
+
+
+if __name__ == "__main__":
+    main()
