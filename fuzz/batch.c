@@ -221,7 +221,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
         .depth = 1,
         .hidden = fuzz_hidden_k,
         .batch = {.max_rows_per_device = 4, .max_columns_per_row = 32, .max_segments_per_device = 16,
-                  .max_bags_per_device = 12},
+                  .max_bags_per_device = 6},
         .contrastive = {.temperature_groups = 2, .max_edges_per_device = 48},
         .schedule = {.steps = 1000000000},
         .seed = 7,

@@ -1,6 +1,7 @@
 """Writes the seed corpora under `fuzz/corpus/`: batches in the byte format `fuzz/batch.c`
 decodes, and checkpoints for `fuzz/checkpoint.c` (one real checkpoint of a tiny model, its header
-alone, truncations and small crafted files).
+alone, truncations, small crafted files, and headers in the target's 'Z' form, which it completes
+with zeroed tensors).
 
     python fuzz/make_seeds.py      # needs the package built: `python setup.py build_ext --inplace`
 
@@ -121,6 +122,10 @@ def main():
                                   struct.pack("<2f", 1.0, 2.0)),
         "odd_dtypes": safetensors({"a": {"dtype": "F16", "shape": [2, 1], "data_offsets": [0, 4]},
                                    "b": {"dtype": "I64", "shape": [], "data_offsets": [4, 12]}}, bytes(12)),
+        # 'Z': the target appends the tiny model's tensors as zeros, so mutations land on the header.
+        "zeros_header": b"Z" + whole[: 8 + length],
+        "zeros_minimal_config": b"Z" + safetensors(dict(header, __metadata__=dict(
+            metadata, config=json.dumps({"depth": 1, "hidden": 128, "contrastive": {"temperature_groups": 1}})))),
     }
     for name, data in small.items():
         with open(os.path.join(checkpoints, name), "wb") as file:
