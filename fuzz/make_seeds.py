@@ -127,6 +127,32 @@ def main():
         "zeros_minimal_config": b"Z" + safetensors(dict(header, __metadata__=dict(
             metadata, config=json.dumps({"depth": 1, "hidden": 128, "contrastive": {"temperature_groups": 1}})))),
     }
+    # Headers one edit away from loading, each refused by a check that random edits of JSON text
+    # rarely reach: another dtype of the same size, a tensor the geometry lacks, overlapping
+    # offsets, rows longer than an encoder packs.
+    def edited(change):
+        copy = json.loads(json.dumps(header))
+        change(copy)
+        return b"Z" + safetensors(copy)
+
+    def extra(h):  # empty, so the data keeps its size
+        end = max(info["data_offsets"][1] for name, info in h.items() if name != "__metadata__")
+        h["blocks.1.final_norm"] = {"dtype": "F32", "shape": [0], "data_offsets": [end, end]}
+
+    def overlap(h):
+        h["blocks.0.attention_norm"]["data_offsets"] = [o - 4 for o in h["blocks.0.attention_norm"]["data_offsets"]]
+
+    def columns(h):
+        config = json.loads(h["__metadata__"]["config"])
+        config["batch"].update(max_rows_per_device=1, max_columns_per_row=65536)
+        h["__metadata__"]["config"] = json.dumps(config)
+
+    small.update({
+        "zeros_f16_embedding": edited(lambda h: h["text.embedding"].update(dtype="F16", shape=[260, 256])),
+        "zeros_extra_tensor": edited(extra),
+        "zeros_overlap": edited(overlap),
+        "zeros_long_rows": edited(columns),
+    })
     for name, data in small.items():
         with open(os.path.join(checkpoints, name), "wb") as file:
             file.write(data)
