@@ -4,7 +4,7 @@
  *  misuse must be answered with a status and a message, never a crash. Exits 0 when every check
  *  holds; the test suite also runs it under AddressSanitizer.
  *
- *      cc -std=c99 -pthread misuse.c -I libuform/include -L uform -luform -o misuse && ./misuse /tmp/m.safetensors
+ *      cc -std=c99 -pthread misuse.c $(python -m uform --cflags --libs) -o misuse && ./misuse /tmp/m.safetensors
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -54,7 +54,7 @@ static uform_trainer_step_t small_step(void) {
     uform_trainer_step_t step;
     memset(&step, 0, sizeof(step));
     step.count = 4, step.modalities = modalities;
-    step.contents = (uform_tape_t){text, offsets, 4};
+    step.contents = (uform_tape_t){text, offsets, 4, sizeof(text) - 1};
     step.attract = (uform_edges_view_t){attract_offsets, attract_ids, NULL, 4};
     return step;
 }
@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
     float embeddings[128];
     uform_encoder_embed_t embed;
     memset(&embed, 0, sizeof(embed));
-    embed.count = 1, embed.modalities = modalities, embed.contents = (uform_tape_t){text, offsets, 1};
+    embed.count = 1, embed.modalities = modalities, embed.contents = (uform_tape_t){text, offsets, 1, sizeof(text) - 1};
     embed.embeddings = embeddings;
 
     /* NULL handles, for every verb that takes one. */

@@ -2,7 +2,7 @@
  *  A C program that knows only `uform.h`: it trains a few steps on the CPU, checks the errors it
  *  is promised, saves a checkpoint and resumes from it. Exits 0 when every check holds.
  *
- *      cc -std=c99 train.c -I libuform/include -L uform -luform -o train && ./train /tmp/c.safetensors
+ *      cc -std=c99 train.c $(python -m uform --cflags --libs) -lm -o train && ./train /tmp/c.safetensors
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     uform_trainer_step_t step;
     memset(&step, 0, sizeof(step));
     step.count = 4, step.modalities = modalities;
-    step.contents = (uform_tape_t){text, offsets, 4};
+    step.contents = (uform_tape_t){text, offsets, 4, sizeof(text) - 1};
     step.attract = (uform_edges_view_t){attract_offsets, attract_ids, NULL, 4};
     step.embeddings = embeddings, step.embeddings_scalar = uform_scalar_f32_k;
 
