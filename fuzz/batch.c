@@ -105,7 +105,7 @@ static size_t fuzz_tape_count(fuzz_reader_t* in, size_t count) {
    falling, jumping far or huge; data as long as the highest offset needs, or NULL past our means.
    `mode` 0 leaves the tape empty (both NULL), 1 gives offsets alone, 2 data alone, 3 both. */
 static uform_tape_t fuzz_tape(fuzz_reader_t* in, fuzz_arena_t* arena, size_t count, size_t element, int mode) {
-    uform_tape_t tape = {NULL, NULL, count};
+    uform_tape_t tape = {NULL, NULL, count, 0};
     if (mode == 0) return tape;
     uint64_t* offsets = fuzz_alloc(arena, (count + 1) * sizeof(uint64_t));
     offsets[0] = fuzz_u8(in) % 4;
@@ -130,8 +130,10 @@ static uform_tape_t fuzz_tape(fuzz_reader_t* in, fuzz_arena_t* arena, size_t cou
             uint8_t* data = fuzz_alloc(arena, bytes);
             for (size_t i = 0; i != bytes; ++i) data[i] = (uint8_t)(i * 131 + highest);
             tape.data = data;
+            /* Now and then the tape says it holds less than its offsets reach: refused by its size. */
+            tape.size = fuzz_u8(in) < 16 && highest ? highest - 1 : highest;
         } else if (!ascending) { /* the library must refuse the falling offsets before it reads data */
-            tape.data = fuzz_alloc(arena, 1);
+            tape.data = fuzz_alloc(arena, 1), tape.size = 1;
         }
     }
     return tape;

@@ -390,7 +390,8 @@ def test_only_the_configs_own_fields_are_read(cpu, good, tmp_path):
     decoy = dict(note='"depth": 2, "hidden": 256', other=dict(depth=7, hidden=9), **checkpoint.config)
     path = checkpoint.write(tmp_path / "decoy.safetensors", config_text(checkpoint, json.dumps(decoy)))
     with uform.Trainer.init_ram(cpu, dict(TINY, resume=str(path))) as trainer:
-        assert trainer.step(dict(modalities=[TEXT], contents=["x"])).stats.step == 3
+        pair = dict(modalities=[TEXT] * 2, contents=["x", "y"], relations=dict(attract=uform.Edges([0, 1, 2], [1, 0])))
+        assert trainer.step(pair).stats.step == 3
     with uform.Encoder.load(str(path), cpu) as encoder:
         assert encoder.hidden == 128
 

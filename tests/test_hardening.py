@@ -569,3 +569,84 @@ def test_a_learning_rate_divergence_is_skipped_not_written_as_nan(tmp_path):
                 assert stats.skipped
                 _, after = saved_tensors(trainer, tmp_path / "still.safetensors")
                 assert_same_tensors(before, after)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Steps that score nothing, and failures that are statuses                                        #
+# ---------------------------------------------------------------------------------------------- #
+
+EMPTY_STEPS = {
+    # Named negatives and no edge: no contrastive cell counts.
+    "named negatives, no edges": (tiny_config(objective=uform.Objective.CONTRASTIVE, contrastive=dict(negatives="named")),
+                                  dict(modalities=[TEXT] * 2, contents=["a small red panda", "red pandas"])),
+    # Every edge weighs zero, and so does every ambient negative.
+    "all-zero weights": (tiny_config(objective=uform.Objective.CONTRASTIVE,
+                                     contrastive=dict(negatives="named")),
+                         dict(modalities=[TEXT] * 2, contents=["a small red panda", "red pandas"],
+                              relations=dict(attract=uform.Edges(offsets=[0, 1, 2], ids=[1, 0], weights=[0, 0])))),
+    # Masking rare enough that the keyed draws choose no position of a short item (they are fixed by the seed).
+    "no masked position": (tiny_config(objective=uform.Objective.MASKED,
+                                       masking=dict(token_mask_probability=0.05, token_mean_span=1)),
+                           dict(modalities=[TEXT], contents=["abc"])),
+}
+
+
+@pytest.mark.parametrize("case", list(EMPTY_STEPS))
+def test_a_step_that_scores_nothing_changes_nothing(tmp_path, case):
+    config, empty = EMPTY_STEPS[case]
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer, \
+            uform.Trainer.init_ram(cpu, config) as clean:
+        step, before = saved_tensors(trainer, tmp_path / "before.safetensors")
+        stats = trainer.step(empty).stats
+        assert stats.skipped and stats.step == 0
+        assert stats.masked_positions == 0 and stats.contrastive_rows == 0
+        assert np.isnan(stats.loss)
+        step_after, after = saved_tensors(trainer, tmp_path / "after.safetensors")
+        assert step_after == step == "0"
+        assert_same_tensors(before, after)  # weights and both moments, bit for bit
+        # The next step that scores trains exactly as it would have without the empty one.
+        scoring = dict(modalities=[TEXT] * 4, contents=[letter * 32 for letter in "abcd"],
+                       relations=dict(attract=uform.Edges([0, 1, 2, 3, 4], [1, 0, 3, 2])))
+        for run in (trainer, clean):
+            assert not run.step(scoring).stats.skipped
+        assert trainer._weights().tobytes() == clean._weights().tobytes()
+
+
+def test_a_step_reports_what_it_scored():
+    config = tiny_config(masking=dict(token_mask_probability=0.5))
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+        stats = trainer.step(pair_batch()).stats
+    assert stats.contrastive_rows == 4  # each item attracts one and repels the other two
+    assert 0 < stats.masked_positions < stats.tokens
+
+
+def test_a_mesh_borrows_its_executor():
+    from uform import _native
+
+    executor = _native.ExecutorHandle.for_ram(1)
+    mesh = _native.MeshHandle.bootstrap(executor, 0, 1, None, None, 0.0)
+    with pytest.raises(uform.Busy, match="executor"):
+        executor.free()  # the C library refuses while the mesh lives, whatever Python tracks
+    mesh.free()
+    executor.free()
+
+
+OUT_OF_MEMORY = """
+import resource, sys
+import uform
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+try:
+    with uform.Executor.for_ram(threads=1) as cpu:
+        uform.Trainer.init_ram(cpu, dict(depth=64, hidden=4096, objective="joint", schedule=dict(steps=10),
+                                         batch=dict(max_rows_per_device=8, max_columns_per_row=128)))
+except uform.OutOfMemory as error:
+    print("refused:", error)
+    sys.exit(0)
+sys.exit("allocated 13 GB under a 3 GB limit")
+"""
+
+
+def test_running_out_of_memory_is_a_status_naming_the_bytes():
+    child = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr + child.stdout
+    assert "refused:" in child.stdout and "bytes" in child.stdout

@@ -191,18 +191,19 @@ def test_matmul(rng, a_transposed, b_transposed, m, n, k):
     a_stored = np.ascontiguousarray(a.T) if a_transposed else a
     b_stored = np.ascontiguousarray(b.T) if b_transposed else b
     expected = a.astype(np.float64) @ b.astype(np.float64)
-    fresh = testing.matmul(a_stored, b_stored, np.full((m, n), np.nan, np.float32), a_transposed, b_transposed)
-    assert_close(fresh, expected)  # beta 0 overwrites, NaNs included
-    accumulated = testing.matmul(a_stored, b_stored, c, a_transposed, b_transposed, beta=1.0)
+    fresh = testing.matmul(a_stored, b_stored, None, a_transposed, b_transposed)
+    assert_close(fresh, expected)  # without c, d is overwritten: its NaNs are gone
+    accumulated = testing.matmul(a_stored, b_stored, c, a_transposed, b_transposed, accumulate=True)
     assert_close(accumulated, expected + c)
-    halved = testing.matmul(a_stored, b_stored, c, a_transposed, b_transposed, beta=0.5)
-    assert_close(halved, expected + 0.5 * c)
+    residual = testing.matmul(a_stored, b_stored, c, a_transposed, b_transposed)
+    assert_close(residual, expected + c)
 
 
-def test_matmul_with_empty_inner_dimension_scales_c(rng):
+def test_matmul_with_empty_inner_dimension_keeps_c(rng):
     c = f32(rng, 4, 6)
-    assert_close(testing.matmul(np.zeros((4, 0), np.float32), np.zeros((0, 6), np.float32), c, beta=1.0), c)
-    assert not testing.matmul(np.zeros((4, 0), np.float32), np.zeros((0, 6), np.float32), c).any()
+    assert_close(testing.matmul(np.zeros((4, 0), np.float32), np.zeros((0, 6), np.float32), c, accumulate=True), c)
+    assert_close(testing.matmul(np.zeros((4, 0), np.float32), np.zeros((0, 6), np.float32), c), c)
+    assert not testing.matmul(np.zeros((4, 0), np.float32), np.zeros((0, 6), np.float32)).any()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,10 +468,18 @@ def test_adamw_matches_numpy_over_steps(rng):
         corrected = (expected_first / (1 - s["beta1"] ** step)) / (
             np.sqrt(expected_second / (1 - s["beta2"] ** step)) + s["epsilon"])
         expected = weights - s["learning_rate"] * (corrected + s["weight_decay"] * weights.astype(np.float64))
-        weights, first, second = testing.adamw(weights, gradients, first, second, step=step, **settings)
+        weights, first, second, _ = testing.adamw(weights, gradients, first, second, step=step, **settings)
         assert_close(first, expected_first)
         assert_close(second, expected_second)
         assert_close(weights, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_inputs_stay_nan():
+    """The vectorized exponential shifts a NaN's bits: unsigned, so UBSan (`.ci/sanitize`) sees no overflow."""
+    x = np.array([np.nan, -np.nan, 1.0, -np.inf, np.inf], np.float32)
+    assert np.isnan(testing.gelu_forward(x)[:2]).all()
+    loss, gradient = testing.cross_entropy(np.array([[np.nan, 0.0, 1.0]], np.float32), np.array([1], np.uint32))
+    assert np.isnan(loss) and np.isnan(gradient).all()
 
 
 @pytest.mark.parametrize("count", [0, 1, 4095, 4096 * 3 + 17, 4096 * 1024 + 5])

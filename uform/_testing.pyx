@@ -1,18 +1,23 @@
 # cython: language_level=3
-"""The CPU backend's operations, one by one, for the tests.
+"""Each backend's operations, one by one, for the tests.
 
-Each function takes numpy arrays (converted to C-contiguous float32, uint32 or uint8 as the
-operation reads them), builds a `uform_ram_context_t` with `threads` threads, calls the operation
-through `uform_ram_backend`'s table without the GIL and returns fresh arrays. Operations that
-accumulate (`+=`) take the starting gradient as an argument and return the sum; none changes its
-arguments.
+Every function takes numpy arrays and the backend's name ("ram", the CPU reference, or "vram",
+CUDA), opens a device and a context planned for these inputs, uploads them (activations as the
+backend's element type: float32 on the CPU, bfloat16 on the GPU, rounded to nearest even), calls
+the operation through the backend's table, synchronizes and downloads fresh
+float32 arrays. Operations that accumulate (`+=`) take the starting gradient as an argument and
+return the sum; none changes its arguments. A backend's failure raises `RuntimeError` with its
+message.
 """
 import numpy as np
 
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memset
 
 
 cdef extern from "uform.h" nogil:
+    ctypedef enum uform_status_t:
+        uform_status_success_k
     ctypedef enum uform_pair_loss_form_t:
         uform_pair_loss_derived_k
         uform_pair_loss_balanced_k
@@ -22,58 +27,112 @@ cdef extern from "uform.h" nogil:
         UFORM_MAX_MATRYOSHKA_DIMENSIONS
 
 
-cdef extern from "internal.h" nogil:
+cdef extern from "backend.h" nogil:
+    char* uform_message()
+
+    ctypedef struct uform_tensor_t:
+        size_t offset
+        size_t rows
+        size_t cols
+        int decays
+
+    ctypedef struct uform_layout_t:
+        size_t count
+        uform_tensor_t* tensors
+        size_t total
+
     ctypedef struct uform_segment_t:
         uint32_t start
         uint32_t length
         uint32_t row
         uint32_t column
 
+    ctypedef enum uform_element_t:
+        uform_element_f32_k
+        uform_element_bf16_k
+
+    ctypedef struct uform_plan_t:
+        size_t tokens
+        size_t segments
+        size_t columns
+        size_t hidden
+        size_t heads
+        int contrastive
+        const uform_layout_t* layout
+
+    ctypedef struct uform_items_t:
+        const uform_segment_t* segments
+        const uform_segment_t* host_segments
+        size_t count
+        size_t longest
+
     ctypedef struct uform_contrastive_setup_t:
         uform_pair_loss_form_t form
         size_t dimensions_count
         uint32_t dimensions[UFORM_MAX_MATRYOSHKA_DIMENSIONS]
 
-    ctypedef struct uform_ram_context_t:
-        int threads
+    ctypedef struct uform_update_t:
+        float* weights
+        void* compute
+        const float* gradients
+        float* first
+        float* second
+        const double* scalars
+        float learning_rate, beta1, beta2, epsilon, weight_decay, clip_norm, text_weight
+        int masked_ran, contrastive_ran
+        uint64_t step
 
     ctypedef struct uform_backend_t:
         const char* name
-        void* (*allocate)(void*, size_t) noexcept nogil
-        void (*release)(void*, void*) noexcept nogil
-        void (*upload)(void*, void*, const void*, size_t) noexcept nogil
-        void (*download)(void*, void*, const void*, size_t) noexcept nogil
-        void (*zero)(void*, void*, size_t) noexcept nogil
-        void (*matmul)(void*, float*, const float*, const float*, size_t, size_t, size_t, int, int,
-                       float) noexcept nogil
-        void (*embedding_forward)(void*, float*, const float*, const uint32_t*, size_t, size_t) noexcept nogil
-        void (*embedding_backward)(void*, float*, const float*, const uint32_t*, size_t, size_t,
-                                   size_t) noexcept nogil
-        void (*rmsnorm_forward)(void*, float*, float*, const float*, const float*, size_t, size_t) noexcept nogil
-        void (*rmsnorm_backward)(void*, float*, float*, const float*, const float*, const float*, const float*,
-                                 size_t, size_t) noexcept nogil
-        void (*rope_forward)(void*, float*, const uint32_t*, size_t, size_t) noexcept nogil
-        void (*rope_backward)(void*, float*, const uint32_t*, size_t, size_t) noexcept nogil
-        void (*attention_forward)(void*, float*, float*, const float*, const uform_segment_t*, size_t, size_t,
-                                  size_t) noexcept nogil
-        void (*attention_backward)(void*, float*, const float*, const float*, const float*, const float*,
-                                   const uform_segment_t*, size_t, size_t, size_t) noexcept nogil
-        void (*gelu_forward)(void*, float*, const float*, size_t) noexcept nogil
-        void (*gelu_backward)(void*, float*, const float*, const float*, size_t) noexcept nogil
-        void (*gather_rows)(void*, float*, const float*, const uint32_t*, size_t, size_t) noexcept nogil
-        void (*scatter_rows)(void*, float*, const float*, const uint32_t*, size_t, size_t) noexcept nogil
-        double (*cross_entropy)(void*, float*, const float*, const uint32_t*, size_t, size_t,
-                                float) noexcept nogil
-        void (*pool_forward)(void*, float*, const float*, const uform_segment_t*, size_t, size_t) noexcept nogil
-        void (*pool_backward)(void*, float*, const float*, const uform_segment_t*, size_t, size_t) noexcept nogil
-        double (*contrastive)(void*, float*, float*, float*, float*, const float*, const float*, const float*,
-                              const uint8_t*, const float*, const uint32_t*, size_t, size_t,
-                              const uform_contrastive_setup_t*, float) noexcept nogil
-        double (*sum_squares)(void*, const float*, size_t) noexcept nogil
-        void (*adamw)(void*, float*, const float*, float*, float*, size_t, float, float, float, float, float, float,
-                      uint64_t) noexcept nogil
+        uform_element_t activations
+        uform_status_t (*device_open)(uint32_t, void**)
+        void (*device_close)(void*)
+        uform_status_t (*context_create)(void*, const uform_plan_t*, void**)
+        void (*context_destroy)(void*)
+        uform_status_t (*synchronize)(void*)
+        size_t (*statistics_floats)(const uform_plan_t*)
+        uform_status_t (*allocate)(void*, size_t, void**)
+        void (*release)(void*, void*)
+        uform_status_t (*upload)(void*, void*, const void*, size_t)
+        uform_status_t (*download)(void*, void*, const void*, size_t)
+        uform_status_t (*zero)(void*, void*, size_t)
+        uform_status_t (*convert)(void*, void*, const float*, size_t)
+        uform_status_t (*matmul)(void*, void*, const void*, const void*, const void*, size_t, size_t, size_t, int, int,
+                                 uform_element_t)
+        uform_status_t (*matmul_gelu)(void*, void*, void*, const void*, const void*, size_t, size_t, size_t)
+        uform_status_t (*matmul_gelu_backward)(void*, void*, const void*, const void*, const void*, size_t, size_t,
+                                               size_t)
+        uform_status_t (*embedding_forward)(void*, void*, const void*, const uint32_t*, size_t, size_t)
+        uform_status_t (*embedding_backward)(void*, float*, const void*, const uint32_t*, const uint32_t*, size_t,
+                                             size_t, size_t)
+        uform_status_t (*rmsnorm_forward)(void*, void*, float*, const void*, const float*, size_t, size_t)
+        uform_status_t (*rmsnorm_backward)(void*, void*, float*, const void*, const void*, const float*, const float*,
+                                           size_t, size_t)
+        uform_status_t (*rope_forward)(void*, void*, const uint32_t*, size_t, size_t)
+        uform_status_t (*rope_backward)(void*, void*, const uint32_t*, size_t, size_t)
+        uform_status_t (*attention_forward)(void*, void*, float*, const void*, const uform_items_t*, size_t, size_t)
+        uform_status_t (*attention_backward)(void*, void*, const void*, const void*, const float*, const void*,
+                                             const uform_items_t*, size_t, size_t)
+        uform_status_t (*gelu_forward)(void*, void*, const void*, size_t)
+        uform_status_t (*gelu_backward)(void*, void*, const void*, const void*, size_t)
+        uform_status_t (*gather_rows)(void*, void*, const void*, const uint32_t*, size_t, size_t)
+        uform_status_t (*scatter_rows)(void*, void*, const void*, const uint32_t*, size_t, size_t)
+        uform_status_t (*cross_entropy)(void*, double*, void*, const void*, const uint32_t*, size_t, size_t, float)
+        uform_status_t (*pool_forward)(void*, float*, const void*, const uform_items_t*, size_t)
+        uform_status_t (*pool_backward)(void*, void*, const float*, const uform_items_t*, size_t)
+        uform_status_t (*contrastive)(void*, double*, float*, float*, float*, float*, const float*, const float*,
+                                      const float*, const uint8_t*, const float*, const uint32_t*, size_t, size_t,
+                                      const uform_contrastive_setup_t*, float)
+        uform_status_t (*sum_squares)(void*, double*, const float*, size_t)
+        uform_status_t (*adamw)(void*, const uform_update_t*)
 
-    const uform_backend_t uform_ram_backend
+    const uform_backend_t* uform_testing_backend(const char* name)
+
+    enum:
+        uform_scalar_masked_loss_k
+        uform_scalar_contrastive_loss_k
+        uform_scalar_norm_squared_k
+        uform_scalars_k
 
 
 PAIR_LOSS_FORMS = {
@@ -82,39 +141,117 @@ PAIR_LOSS_FORMS = {
     "sigmoid": uform_pair_loss_sigmoid_k,
 }
 
-
-# Pointers into arrays the caller keeps alive; NULL for empty ones, which no operation reads.
-
-cdef float* _floats(object array):
-    cdef float[::1] view = array.reshape(-1)
-    return &view[0] if view.shape[0] else NULL
+F32, ACT = "f32", "act"  # how an array travels: float32 always, or as the backend's activations
 
 
-cdef const float* _const_floats(object array):
-    cdef const float[::1] view = array.reshape(-1)
-    return &view[0] if view.shape[0] else NULL
+def available(name):
+    """Whether this build and machine have the backend: "ram" always, "vram" with CUDA and a GPU."""
+    return uform_testing_backend(name.encode()) != NULL
 
 
-cdef const uint32_t* _indices(object array):
-    cdef const uint32_t[::1] view = array.reshape(-1)
-    return &view[0] if view.shape[0] else NULL
+def to_bf16(array):
+    """float32 -> bfloat16 bits, rounded to nearest even, as the GPU rounds."""
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
 
 
-cdef const uint8_t* _bytes(object array):
-    cdef const uint8_t[::1] view = array.reshape(-1)
-    return &view[0] if view.shape[0] else NULL
+def from_bf16(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def _f32(array):
-    return np.ascontiguousarray(array, dtype=np.float32)
+def round_to(name, array):
+    """`array` as float32 after the trip through the backend's activations: bf16-rounded on the GPU."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if Session(name).bf16:
+        return from_bf16(to_bf16(array)).reshape(array.shape)
+    return array.copy()
 
 
-def _u32(array):
-    return np.ascontiguousarray(array, dtype=np.uint32)
+cdef class Session:
+    """One backend's device and a context planned for one call, with the buffers taken for it."""
 
+    cdef const uform_backend_t* backend
+    cdef void* device
+    cdef void* context
+    cdef list buffers
+    cdef uform_layout_t layout
+    cdef uform_tensor_t tensor
+    cdef readonly bint bf16
 
-def _copy(array):
-    return np.array(array, dtype=np.float32, order="C", copy=True)
+    def __cinit__(self, str name, int threads=2, size_t tokens=1, size_t segments=1, size_t columns=1,
+                  size_t hidden=64, bint contrastive=False, size_t parameters=0, bint decays=False):
+        self.buffers = []
+        self.backend = uform_testing_backend(name.encode())
+        if self.backend == NULL:
+            raise RuntimeError(uform_message().decode())
+        self.bf16 = self.backend.activations == uform_element_bf16_k
+        self.tensor.offset, self.tensor.rows, self.tensor.cols, self.tensor.decays = 0, 1, parameters, decays
+        self.layout.count, self.layout.tensors, self.layout.total = 1, &self.tensor, parameters
+        cdef uform_plan_t plan
+        memset(&plan, 0, sizeof(plan))
+        plan.tokens, plan.segments, plan.columns = max(tokens, 1), max(segments, 1), max(columns, 1)
+        plan.hidden, plan.heads, plan.contrastive, plan.layout = hidden, max(hidden // 64, 1), contrastive, &self.layout
+        self.check(self.backend.device_open(threads if name == "ram" else 0, &self.device))
+        self.check(self.backend.context_create(self.device, &plan, &self.context))
+
+    cdef check(self, uform_status_t status):
+        if status != uform_status_success_k:
+            raise RuntimeError(uform_message().decode())
+
+    cdef size_t element(self, str kind):
+        return 2 if kind == ACT and self.bf16 else 4
+
+    cdef void* take(self, size_t nbytes) except NULL:
+        cdef void* pointer = NULL
+        self.check(self.backend.allocate(self.context, max(nbytes, 1), &pointer))
+        self.buffers.append(<size_t>pointer)
+        return pointer
+
+    cdef void* put(self, array, str kind=F32) except NULL:
+        """A device copy of a float array (as `kind`), or of a uint32 / uint8 / float64 array as is."""
+        array = np.ascontiguousarray(array)
+        if array.dtype.kind == "f" and array.dtype != np.float64:
+            array = to_bf16(array) if kind == ACT and self.bf16 else np.ascontiguousarray(array, dtype=np.float32)
+        cdef const uint8_t[::1] raw = array.reshape(-1).view(np.uint8)
+        cdef void* pointer = self.take(raw.shape[0])
+        if raw.shape[0]:
+            self.check(self.backend.upload(self.context, pointer, &raw[0], raw.shape[0]))
+        return pointer
+
+    def get(self, size_t address, shape, str kind=F32):
+        """A float32 array read back from a device buffer of `kind`."""
+        self.check(self.backend.synchronize(self.context))
+        count = int(np.prod(shape))
+        raw = np.empty(count * self.element(kind), dtype=np.uint8)
+        cdef uint8_t[::1] view = raw
+        if count:
+            self.check(self.backend.download(self.context, &view[0], <void*>address, raw.shape[0]))
+        values = from_bf16(raw.view(np.uint16)) if kind == ACT and self.bf16 else raw.view(np.float32)
+        return values.reshape(shape).copy()
+
+    def get_bytes(self, size_t address, size_t count):
+        self.check(self.backend.synchronize(self.context))
+        raw = np.zeros(count, dtype=np.uint8)
+        cdef uint8_t[::1] view = raw
+        if count:
+            self.check(self.backend.download(self.context, &view[0], <void*>address, count))
+        return raw
+
+    def get_double(self, size_t address):
+        self.check(self.backend.synchronize(self.context))
+        cdef double value = 0
+        self.check(self.backend.download(self.context, &value, <void*>address, sizeof(double)))
+        return value
+
+    def __dealloc__(self):
+        if self.context != NULL:
+            self.backend.synchronize(self.context)
+            for pointer in self.buffers:
+                self.backend.release(self.context, <void*><size_t>pointer)
+            self.backend.context_destroy(self.context)
+        if self.device != NULL:
+            self.backend.device_close(self.device)
 
 
 def _segments(segments):
@@ -125,340 +262,317 @@ def _segments(segments):
     return table
 
 
-cdef uform_ram_context_t _context(int threads):
-    cdef uform_ram_context_t context
-    context.threads = threads
-    return context
+cdef uform_items_t _items(Session session, table) except *:
+    cdef uform_items_t items
+    cdef const uint32_t[:, ::1] host = table
+    items.segments = <const uform_segment_t*>session.put(table)
+    items.host_segments = <const uform_segment_t*>&host[0, 0] if len(table) else NULL
+    items.count = len(table)
+    items.longest = int(table[:, 1].max()) if len(table) else 0
+    return items
 
 
-def backend_name():
-    return uform_ram_backend.name.decode()
+def backend_name(backend="ram"):
+    return Session(backend).backend.name.decode()
 
 
-def memory_roundtrip(data, int threads=2):
+def memory_roundtrip(data, backend="ram"):
     """Allocates len(data) bytes and returns what it read: fresh, after an upload, after zeroing."""
-    source = np.ascontiguousarray(np.frombuffer(bytes(data), dtype=np.uint8))
+    source = np.frombuffer(bytes(data), dtype=np.uint8)
+    cdef Session s = Session(backend)
     cdef size_t size = source.size
-    fresh, uploaded, zeroed = (np.full(size, 0xAB, dtype=np.uint8) for _ in range(3))
-    cdef uform_ram_context_t context = _context(threads)
-    cdef void* memory = uform_ram_backend.allocate(&context, size)
-    if memory == NULL:
-        raise MemoryError(size)
-    cdef const uint8_t* source_pointer = _bytes(source)
-    cdef uint8_t[::1] fresh_view = fresh, uploaded_view = uploaded, zeroed_view = zeroed
+    cdef void* memory = s.take(size)
+    fresh = s.get_bytes(<size_t>memory, size)
     if size:
-        uform_ram_backend.download(&context, &fresh_view[0], memory, size)
-        uform_ram_backend.upload(&context, memory, source_pointer, size)
-        uform_ram_backend.download(&context, &uploaded_view[0], memory, size)
-        uform_ram_backend.zero(&context, memory, size)
-        uform_ram_backend.download(&context, &zeroed_view[0], memory, size)
-    uform_ram_backend.release(&context, memory)
-    return fresh, uploaded, zeroed
+        s.check(s.backend.upload(s.context, memory, <const void*><size_t>source.ctypes.data, size))
+    uploaded = s.get_bytes(<size_t>memory, size)
+    s.check(s.backend.zero(s.context, memory, size))
+    return fresh, uploaded, s.get_bytes(<size_t>memory, size)
 
 
-def matmul(a, b, c=None, bint a_transposed=False, bint b_transposed=False, float beta=0.0, int threads=2):
-    """c (m, n) = a x b + beta c; `a` is stored (k, m) when transposed, `b` (n, k)."""
-    a, b = _f32(a), _f32(b)
+def matmul(a, b, c=None, bint a_transposed=False, bint b_transposed=False, bint accumulate=False,
+           bint float_output=False, int threads=2, backend="ram"):
+    """d (m, n) = a x b [+ c]: `accumulate` adds into c in place, else c (when given) is a residual
+    added on the way into a fresh d; `a` is stored (k, m) when transposed, `b` (n, k). With
+    `float_output` c and d are float32 whatever the backend's activations."""
     cdef size_t m = a.shape[1] if a_transposed else a.shape[0]
     cdef size_t k = a.shape[0] if a_transposed else a.shape[1]
     cdef size_t n = b.shape[0] if b_transposed else b.shape[1]
     if (b.shape[1] if b_transposed else b.shape[0]) != k:
         raise ValueError(f"inner dimensions differ: a gives {k}, b gives {b.shape}")
-    c = np.zeros((m, n), dtype=np.float32) if c is None else _copy(c)
-    if c.shape != (m, n):
-        raise ValueError(f"c is {c.shape}, expected {(m, n)}")
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* c_pointer = _floats(c)
-    cdef const float* a_pointer = _const_floats(a)
-    cdef const float* b_pointer = _const_floats(b)
-    with nogil:
-        uform_ram_backend.matmul(&context, c_pointer, a_pointer, b_pointer, m, n, k, a_transposed, b_transposed, beta)
-    return c
+    cdef Session s = Session(backend, threads)
+    out_kind = F32 if float_output else ACT
+    cdef void* a_pointer = s.put(a, ACT)
+    cdef void* b_pointer = s.put(b, ACT)
+    cdef void* c_pointer = NULL if c is None else s.put(np.asarray(c).reshape(m, n), out_kind)
+    cdef void* d_pointer = c_pointer if accumulate else s.put(np.full((m, n), np.nan, np.float32), out_kind)
+    cdef uform_element_t element = uform_element_f32_k if float_output or not s.bf16 else uform_element_bf16_k
+    s.check(s.backend.matmul(s.context, d_pointer, c_pointer, a_pointer, b_pointer, m, n, k, a_transposed,
+                             b_transposed, element))
+    return s.get(<size_t>d_pointer, (m, n), out_kind)
 
 
-def embedding_forward(table, ids, int threads=2):
-    table, ids = _f32(table), _u32(ids)
-    out = np.empty((ids.size, table.shape[1]), dtype=np.float32)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* out_pointer = _floats(out)
-    cdef const float* table_pointer = _const_floats(table)
-    cdef const uint32_t* ids_pointer = _indices(ids)
+def matmul_gelu(a, b, int threads=2, backend="ram"):
+    """(activated, up) of the fused slot: up = a x b^T, activated = gelu(up); None where the backend has no slot."""
+    cdef Session s = Session(backend, threads)
+    if s.backend.matmul_gelu == NULL:
+        return None
+    cdef size_t m = a.shape[0], k = a.shape[1], n = b.shape[0]
+    cdef void* a_pointer = s.put(a, ACT)
+    cdef void* b_pointer = s.put(b, ACT)
+    cdef void* up = s.take(m * n * s.element(ACT))
+    cdef void* activated = s.take(m * n * s.element(ACT))
+    s.check(s.backend.matmul_gelu(s.context, activated, up, a_pointer, b_pointer, m, n, k))
+    return s.get(<size_t>activated, (m, n), ACT), s.get(<size_t>up, (m, n), ACT)
+
+
+def matmul_gelu_backward(a, b, up, int threads=2, backend="ram"):
+    """d_up = (a x b) * gelu'(up) of the fused slot; None where the backend has no slot."""
+    cdef Session s = Session(backend, threads)
+    if s.backend.matmul_gelu_backward == NULL:
+        return None
+    cdef size_t m = a.shape[0], k = a.shape[1], n = b.shape[1]
+    cdef void* a_pointer = s.put(a, ACT)
+    cdef void* b_pointer = s.put(b, ACT)
+    cdef void* up_pointer = s.put(up, ACT)
+    cdef void* d_up = s.take(m * n * s.element(ACT))
+    s.check(s.backend.matmul_gelu_backward(s.context, d_up, up_pointer, a_pointer, b_pointer, m, n, k))
+    return s.get(<size_t>d_up, (m, n), ACT)
+
+
+def embedding_forward(table, ids, int threads=2, backend="ram"):
+    ids = np.ascontiguousarray(ids, dtype=np.uint32)
+    cdef Session s = Session(backend, threads)
     cdef size_t tokens = ids.size, hidden = table.shape[1]
-    with nogil:
-        uform_ram_backend.embedding_forward(&context, out_pointer, table_pointer, ids_pointer, tokens, hidden)
-    return out
+    cdef void* out = s.take(tokens * hidden * s.element(ACT))
+    s.check(s.backend.embedding_forward(s.context, out, s.put(table, ACT), <uint32_t*>s.put(ids), tokens, hidden))
+    return s.get(<size_t>out, (tokens, hidden), ACT)
 
 
-def embedding_backward(d_table, d_out, ids, int threads=2):
-    d_table, d_out, ids = _copy(d_table), _f32(d_out), _u32(ids)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_table_pointer = _floats(d_table)
-    cdef const float* d_out_pointer = _const_floats(d_out)
-    cdef const uint32_t* ids_pointer = _indices(ids)
-    cdef size_t tokens = ids.size, hidden = d_table.shape[1], vocabulary = d_table.shape[0]
-    with nogil:
-        uform_ram_backend.embedding_backward(&context, d_table_pointer, d_out_pointer, ids_pointer, tokens, hidden,
-                                             vocabulary)
-    return d_table
+def embedding_backward(d_table, d_out, ids, int threads=2, backend="ram"):
+    ids = np.ascontiguousarray(ids, dtype=np.uint32)
+    vocabulary, hidden = d_table.shape
+    order = np.argsort(ids, kind="stable").astype(np.uint32)
+    offsets = np.zeros(vocabulary + 1, np.uint32)
+    np.cumsum(np.bincount(ids, minlength=vocabulary), out=offsets[1:])
+    cdef Session s = Session(backend, threads)
+    cdef float* table = <float*>s.put(d_table)
+    s.check(s.backend.embedding_backward(s.context, table, s.put(d_out, ACT), <uint32_t*>s.put(order),
+                                         <uint32_t*>s.put(offsets), ids.size, hidden, vocabulary))
+    return s.get(<size_t>table, d_table.shape)
 
 
-def rmsnorm_forward(x, gain, int threads=2):
+def rmsnorm_forward(x, gain, int threads=2, backend="ram"):
     """Returns (out, rstd)."""
-    x, gain = _f32(x), _f32(gain)
-    out = np.empty_like(x)
-    rstd = np.empty(x.shape[0], dtype=np.float32)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* out_pointer = _floats(out)
-    cdef float* rstd_pointer = _floats(rstd)
-    cdef const float* x_pointer = _const_floats(x)
-    cdef const float* gain_pointer = _const_floats(gain)
+    cdef Session s = Session(backend, threads)
     cdef size_t tokens = x.shape[0], hidden = x.shape[1]
-    with nogil:
-        uform_ram_backend.rmsnorm_forward(&context, out_pointer, rstd_pointer, x_pointer, gain_pointer, tokens, hidden)
-    return out, rstd
+    cdef void* out = s.take(tokens * hidden * s.element(ACT))
+    cdef float* rstd = <float*>s.take(tokens * 4)
+    s.check(s.backend.rmsnorm_forward(s.context, out, rstd, s.put(x, ACT), <float*>s.put(gain), tokens, hidden))
+    return s.get(<size_t>out, x.shape, ACT), s.get(<size_t>rstd, (tokens,))
 
 
-def rmsnorm_backward(d_x, d_gain, d_out, x, gain, rstd, int threads=2):
+def rmsnorm_backward(d_x, d_gain, d_out, x, gain, rstd, int threads=2, backend="ram"):
     """Returns (d_x, d_gain) after accumulating into copies of the given ones."""
-    d_x, d_gain = _copy(d_x), _copy(d_gain)
-    d_out, x, gain, rstd = _f32(d_out), _f32(x), _f32(gain), _f32(rstd)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_x_pointer = _floats(d_x)
-    cdef float* d_gain_pointer = _floats(d_gain)
-    cdef const float* d_out_pointer = _const_floats(d_out)
-    cdef const float* x_pointer = _const_floats(x)
-    cdef const float* gain_pointer = _const_floats(gain)
-    cdef const float* rstd_pointer = _const_floats(rstd)
+    cdef Session s = Session(backend, threads)
     cdef size_t tokens = x.shape[0], hidden = x.shape[1]
-    with nogil:
-        uform_ram_backend.rmsnorm_backward(&context, d_x_pointer, d_gain_pointer, d_out_pointer, x_pointer,
-                                           gain_pointer, rstd_pointer, tokens, hidden)
-    return d_x, d_gain
+    cdef void* d_x_pointer = s.put(d_x, ACT)
+    cdef float* d_gain_pointer = <float*>s.put(d_gain)
+    s.check(s.backend.rmsnorm_backward(s.context, d_x_pointer, d_gain_pointer, s.put(d_out, ACT), s.put(x, ACT),
+                                       <float*>s.put(gain), <float*>s.put(rstd), tokens, hidden))
+    return s.get(<size_t>d_x_pointer, x.shape, ACT), s.get(<size_t>d_gain_pointer, (hidden,))
 
 
-def rope_forward(qkv, positions, int threads=2):
-    qkv, positions = _copy(qkv), _u32(positions)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* qkv_pointer = _floats(qkv)
-    cdef const uint32_t* positions_pointer = _indices(positions)
+def _rope(qkv, positions, bint forward, int threads, backend):
+    positions = np.ascontiguousarray(positions, dtype=np.uint32)
+    cdef Session s = Session(backend, threads)
     cdef size_t tokens = qkv.shape[0], hidden = qkv.shape[1] // 3
-    with nogil:
-        uform_ram_backend.rope_forward(&context, qkv_pointer, positions_pointer, tokens, hidden)
-    return qkv
+    cdef void* pointer = s.put(qkv, ACT)
+    operation = s.backend.rope_forward if forward else s.backend.rope_backward
+    s.check(operation(s.context, pointer, <uint32_t*>s.put(positions), tokens, hidden))
+    return s.get(<size_t>pointer, qkv.shape, ACT)
 
 
-def rope_backward(d_qkv, positions, int threads=2):
-    d_qkv, positions = _copy(d_qkv), _u32(positions)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_qkv_pointer = _floats(d_qkv)
-    cdef const uint32_t* positions_pointer = _indices(positions)
-    cdef size_t tokens = d_qkv.shape[0], hidden = d_qkv.shape[1] // 3
-    with nogil:
-        uform_ram_backend.rope_backward(&context, d_qkv_pointer, positions_pointer, tokens, hidden)
-    return d_qkv
+def rope_forward(qkv, positions, int threads=2, backend="ram"):
+    return _rope(qkv, positions, True, threads, backend)
 
 
-def attention_forward(qkv, segments, out=None, lse=None, int threads=2):
-    """Returns (out, lse); rows no segment covers keep the given `out` and `lse` (zeros by default)."""
-    qkv = _f32(qkv)
+def rope_backward(d_qkv, positions, int threads=2, backend="ram"):
+    return _rope(d_qkv, positions, False, threads, backend)
+
+
+def _attention_session(backend, threads, table, tokens, hidden):
+    columns = int(table[:, 1].max()) if len(table) else 1
+    return Session(backend, threads, tokens=tokens, segments=len(table), columns=columns, hidden=hidden)
+
+
+def attention_forward(qkv, segments, out=None, lse=None, int threads=2, backend="ram"):
+    """Returns (out, statistics): (heads, tokens) log-sum-exps on the CPU, the backend's own layout elsewhere.
+    Rows no segment covers keep the given `out` and `lse` (zeros by default)."""
     table = _segments(segments)
-    cdef size_t tokens = qkv.shape[0], hidden = qkv.shape[1] // 3, heads = hidden // 64
-    out = np.zeros((tokens, hidden), dtype=np.float32) if out is None else _copy(out)
-    lse = np.zeros((heads, tokens), dtype=np.float32) if lse is None else _copy(lse)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* out_pointer = _floats(out)
-    cdef float* lse_pointer = _floats(lse)
-    cdef const float* qkv_pointer = _const_floats(qkv)
-    cdef const uform_segment_t* segments_pointer = <const uform_segment_t*>_indices(table)
-    cdef size_t count = len(table)
-    with nogil:
-        uform_ram_backend.attention_forward(&context, out_pointer, lse_pointer, qkv_pointer, segments_pointer, count,
-                                            tokens, hidden)
-    return out, lse
+    cdef size_t tokens = qkv.shape[0], hidden = qkv.shape[1] // 3
+    cdef Session s = _attention_session(backend, threads, table, tokens, hidden)
+    cdef uform_plan_t plan
+    memset(&plan, 0, sizeof(plan))
+    plan.tokens, plan.segments, plan.heads = tokens, max(len(table), 1), hidden // 64
+    plan.columns, plan.hidden = max(int(table[:, 1].max()) if len(table) else 1, 1), hidden
+    cdef size_t statistics_floats = s.backend.statistics_floats(&plan)
+    cdef uform_items_t items = _items(s, table)
+    heads = int(hidden // 64)
+    shape = (heads, int(tokens)) if statistics_floats == heads * tokens else (int(statistics_floats),)
+    cdef void* result = s.put(np.zeros((tokens, hidden), np.float32) if out is None else out, ACT)
+    cdef float* statistics = <float*>s.put(np.zeros(shape, np.float32) if lse is None else lse)
+    s.check(s.backend.attention_forward(s.context, result, statistics, s.put(qkv, ACT), &items, tokens, hidden))
+    return s.get(<size_t>result, (tokens, hidden), ACT), s.get(<size_t>statistics, shape)
 
 
-def attention_backward(d_out, out, lse, qkv, segments, int threads=2):
+def attention_backward(d_out, out, statistics, qkv, segments, int threads=2, backend="ram"):
     """Returns d_qkv, which the operation writes whole (NaN-filled before, to prove it)."""
-    d_out, out, lse, qkv = _f32(d_out), _f32(out), _f32(lse), _f32(qkv)
     table = _segments(segments)
-    d_qkv = np.full(qkv.shape, np.nan, dtype=np.float32)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_qkv_pointer = _floats(d_qkv)
-    cdef const float* d_out_pointer = _const_floats(d_out)
-    cdef const float* out_pointer = _const_floats(out)
-    cdef const float* lse_pointer = _const_floats(lse)
-    cdef const float* qkv_pointer = _const_floats(qkv)
-    cdef const uform_segment_t* segments_pointer = <const uform_segment_t*>_indices(table)
-    cdef size_t count = len(table), tokens = qkv.shape[0], hidden = qkv.shape[1] // 3
-    with nogil:
-        uform_ram_backend.attention_backward(&context, d_qkv_pointer, d_out_pointer, out_pointer, lse_pointer,
-                                             qkv_pointer, segments_pointer, count, tokens, hidden)
-    return d_qkv
+    cdef size_t tokens = qkv.shape[0], hidden = qkv.shape[1] // 3
+    cdef Session s = _attention_session(backend, threads, table, tokens, hidden)
+    cdef uform_items_t items = _items(s, table)
+    cdef void* d_qkv = s.put(np.full(qkv.shape, np.nan, np.float32), ACT)
+    s.check(s.backend.attention_backward(s.context, d_qkv, s.put(d_out, ACT), s.put(out, ACT),
+                                         <float*>s.put(statistics), s.put(qkv, ACT), &items, tokens, hidden))
+    return s.get(<size_t>d_qkv, qkv.shape, ACT)
 
 
-def gelu_forward(x, int threads=2):
-    x = _f32(x)
-    out = np.empty_like(x)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* out_pointer = _floats(out)
-    cdef const float* x_pointer = _const_floats(x)
-    cdef size_t count = x.size
-    with nogil:
-        uform_ram_backend.gelu_forward(&context, out_pointer, x_pointer, count)
-    return out
+def gelu_forward(x, int threads=2, backend="ram"):
+    cdef Session s = Session(backend, threads)
+    cdef void* out = s.take(x.size * s.element(ACT))
+    s.check(s.backend.gelu_forward(s.context, out, s.put(x, ACT), x.size))
+    return s.get(<size_t>out, x.shape, ACT)
 
 
-def gelu_backward(d_out, x, bint in_place=False, int threads=2):
+def gelu_backward(d_out, x, bint in_place=False, int threads=2, backend="ram"):
     """Returns d_in, written whole; `in_place` passes one buffer as d_out and d_in, as the core does."""
-    d_out, x = _f32(d_out), _f32(x)
-    d_in = _copy(d_out) if in_place else np.full_like(x, np.nan)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_in_pointer = _floats(d_in)
-    cdef const float* d_out_pointer = _const_floats(d_in if in_place else d_out)
-    cdef const float* x_pointer = _const_floats(x)
-    cdef size_t count = x.size
-    with nogil:
-        uform_ram_backend.gelu_backward(&context, d_in_pointer, d_out_pointer, x_pointer, count)
-    return d_in
+    cdef Session s = Session(backend, threads)
+    cdef void* d_out_pointer = s.put(d_out, ACT)
+    cdef void* d_in = d_out_pointer if in_place else s.put(np.full(x.shape, np.nan, np.float32), ACT)
+    s.check(s.backend.gelu_backward(s.context, d_in, d_out_pointer, s.put(x, ACT), x.size))
+    return s.get(<size_t>d_in, x.shape, ACT)
 
 
-def gather_rows(x, rows, int threads=2):
-    x, rows = _f32(x), _u32(rows)
-    out = np.empty((rows.size, x.shape[1]), dtype=np.float32)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* out_pointer = _floats(out)
-    cdef const float* x_pointer = _const_floats(x)
-    cdef const uint32_t* rows_pointer = _indices(rows)
-    cdef size_t count = rows.size, width = x.shape[1]
-    with nogil:
-        uform_ram_backend.gather_rows(&context, out_pointer, x_pointer, rows_pointer, count, width)
-    return out
+def gather_rows(x, rows, int threads=2, backend="ram"):
+    rows = np.ascontiguousarray(rows, dtype=np.uint32)
+    cdef Session s = Session(backend, threads)
+    cdef void* out = s.take(rows.size * x.shape[1] * s.element(ACT))
+    s.check(s.backend.gather_rows(s.context, out, s.put(x, ACT), <uint32_t*>s.put(rows), rows.size, x.shape[1]))
+    return s.get(<size_t>out, (rows.size, x.shape[1]), ACT)
 
 
-def scatter_rows(d_in, d_out, rows, int threads=2):
-    d_in, d_out, rows = _copy(d_in), _f32(d_out), _u32(rows)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_in_pointer = _floats(d_in)
-    cdef const float* d_out_pointer = _const_floats(d_out)
-    cdef const uint32_t* rows_pointer = _indices(rows)
-    cdef size_t count = rows.size, width = d_in.shape[1]
-    with nogil:
-        uform_ram_backend.scatter_rows(&context, d_in_pointer, d_out_pointer, rows_pointer, count, width)
-    return d_in
+def scatter_rows(d_in, d_out, rows, int threads=2, backend="ram"):
+    rows = np.ascontiguousarray(rows, dtype=np.uint32)
+    cdef Session s = Session(backend, threads)
+    cdef void* pointer = s.put(d_in, ACT)
+    s.check(s.backend.scatter_rows(s.context, pointer, s.put(d_out, ACT), <uint32_t*>s.put(rows), rows.size,
+                                   d_in.shape[1]))
+    return s.get(<size_t>pointer, d_in.shape, ACT)
 
 
-def pool_forward(states, segments, int threads=2):
-    states = _f32(states)
+def pool_forward(states, segments, int threads=2, backend="ram"):
     table = _segments(segments)
-    pooled = np.full((len(table), states.shape[1]), np.nan, dtype=np.float32)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* pooled_pointer = _floats(pooled)
-    cdef const float* states_pointer = _const_floats(states)
-    cdef const uform_segment_t* segments_pointer = <const uform_segment_t*>_indices(table)
-    cdef size_t count = len(table), hidden = states.shape[1]
-    with nogil:
-        uform_ram_backend.pool_forward(&context, pooled_pointer, states_pointer, segments_pointer, count, hidden)
-    return pooled
+    cdef Session s = Session(backend, threads, tokens=states.shape[0], segments=len(table))
+    cdef uform_items_t items = _items(s, table)
+    cdef float* pooled = <float*>s.put(np.full((len(table), states.shape[1]), np.nan, np.float32))
+    s.check(s.backend.pool_forward(s.context, pooled, s.put(states, ACT), &items, states.shape[1]))
+    return s.get(<size_t>pooled, (len(table), states.shape[1]))
 
 
-def pool_backward(d_states, d_pooled, segments, int threads=2):
-    d_states, d_pooled = _copy(d_states), _f32(d_pooled)
+def pool_backward(d_states, d_pooled, segments, int threads=2, backend="ram"):
     table = _segments(segments)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_states_pointer = _floats(d_states)
-    cdef const float* d_pooled_pointer = _const_floats(d_pooled)
-    cdef const uform_segment_t* segments_pointer = <const uform_segment_t*>_indices(table)
-    cdef size_t count = len(table), hidden = d_states.shape[1]
-    with nogil:
-        uform_ram_backend.pool_backward(&context, d_states_pointer, d_pooled_pointer, segments_pointer, count, hidden)
-    return d_states
+    cdef Session s = Session(backend, threads, tokens=d_states.shape[0], segments=len(table))
+    cdef uform_items_t items = _items(s, table)
+    cdef void* pointer = s.put(d_states, ACT)
+    s.check(s.backend.pool_backward(s.context, pointer, <float*>s.put(d_pooled), &items, d_states.shape[1]))
+    return s.get(<size_t>pointer, d_states.shape, ACT)
 
 
-def cross_entropy(logits, targets, float scale=1.0, d_logits=None, int threads=2):
+def cross_entropy(logits, targets, float scale=1.0, d_logits=None, int threads=2, backend="ram"):
     """Returns (loss, d_logits); `d_logits` starts from the given array (NaN by default)."""
-    logits, targets = _f32(logits), _u32(targets)
-    d_logits = np.full(logits.shape, np.nan, dtype=np.float32) if d_logits is None else _copy(d_logits)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_logits_pointer = _floats(d_logits)
-    cdef const float* logits_pointer = _const_floats(logits)
-    cdef const uint32_t* targets_pointer = _indices(targets)
-    cdef size_t count = targets.size, classes = logits.shape[1]
-    cdef double loss
-    with nogil:
-        loss = uform_ram_backend.cross_entropy(&context, d_logits_pointer, logits_pointer, targets_pointer, count,
-                                               classes, scale)
-    return loss, d_logits
+    targets = np.ascontiguousarray(targets, dtype=np.uint32)
+    cdef Session s = Session(backend, threads)
+    cdef double* loss = <double*>s.put(np.full(1, np.nan))
+    cdef void* gradient = s.put(np.full(logits.shape, np.nan, np.float32) if d_logits is None else d_logits, ACT)
+    s.check(s.backend.cross_entropy(s.context, loss, gradient, s.put(logits, ACT), <uint32_t*>s.put(targets),
+                                    targets.size, logits.shape[1], scale))
+    shape = logits.shape if d_logits is None else d_logits.shape
+    return s.get_double(<size_t>loss), s.get(<size_t>gradient, shape, ACT)
 
 
 def contrastive(pooled, log_inverse_temperature, bias, cells, weights, groups, dimensions, form, float scale=1.0,
-                d_pooled=None, d_log_inverse_temperature=None, d_bias=None, int threads=2):
+                d_pooled=None, d_log_inverse_temperature=None, d_bias=None, int threads=2, backend="ram"):
     """Returns (loss, d_pooled, d_log_inverse_temperature, d_bias, normalized).
 
     `cells` and `weights` are (items, items); `groups` (items) or None; `form` one of
     PAIR_LOSS_FORMS' names; gradients accumulate into copies of the given ones (zeros by default).
     """
-    pooled, log_inverse_temperature, bias = _f32(pooled), _f32(log_inverse_temperature), _f32(bias)
-    cells, weights = np.ascontiguousarray(cells, dtype=np.uint8), _f32(weights)
-    groups = None if groups is None else _u32(groups)
+    pooled = np.ascontiguousarray(pooled, dtype=np.float32)
+    log_inverse_temperature = np.ascontiguousarray(log_inverse_temperature, dtype=np.float32)
+    bias = np.ascontiguousarray(bias, dtype=np.float32)
+    cells, weights = np.ascontiguousarray(cells, dtype=np.uint8), np.ascontiguousarray(weights, dtype=np.float32)
     cdef size_t items = pooled.shape[0], hidden = pooled.shape[1]
     if cells.shape != (items, items) or weights.shape != (items, items):
         raise ValueError("cells and weights must be (items, items)")
     if len(dimensions) > UFORM_MAX_MATRYOSHKA_DIMENSIONS:
         raise ValueError("too many dimensions")
-    d_pooled = np.zeros_like(pooled) if d_pooled is None else _copy(d_pooled)
+    d_pooled = np.zeros_like(pooled) if d_pooled is None else d_pooled
     d_log_inverse_temperature = (np.zeros_like(log_inverse_temperature) if d_log_inverse_temperature is None
-                                 else _copy(d_log_inverse_temperature))
-    d_bias = np.zeros_like(bias) if d_bias is None else _copy(d_bias)
-    normalized = np.full_like(pooled, np.nan)
+                                 else d_log_inverse_temperature)
+    d_bias = np.zeros_like(bias) if d_bias is None else d_bias
     cdef uform_contrastive_setup_t setup
     setup.form = PAIR_LOSS_FORMS[form]
     setup.dimensions_count = len(dimensions)
     for index, dimension in enumerate(dimensions):
         setup.dimensions[index] = dimension
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* d_pooled_pointer = _floats(d_pooled)
-    cdef float* d_temperature_pointer = _floats(d_log_inverse_temperature)
-    cdef float* d_bias_pointer = _floats(d_bias)
-    cdef float* normalized_pointer = _floats(normalized)
-    cdef const float* pooled_pointer = _const_floats(pooled)
-    cdef const float* temperature_pointer = _const_floats(log_inverse_temperature)
-    cdef const float* bias_pointer = _const_floats(bias)
-    cdef const uint8_t* cells_pointer = _bytes(cells)
-    cdef const float* weights_pointer = _const_floats(weights)
-    cdef const uint32_t* groups_pointer = NULL
-    if groups is not None:
-        groups_pointer = _indices(groups)
-    cdef double loss
-    with nogil:
-        loss = uform_ram_backend.contrastive(&context, d_pooled_pointer, d_temperature_pointer, d_bias_pointer,
-                                             normalized_pointer, pooled_pointer, temperature_pointer, bias_pointer,
-                                             cells_pointer, weights_pointer, groups_pointer, items, hidden, &setup,
-                                             scale)
-    return loss, d_pooled, d_log_inverse_temperature, d_bias, normalized
+    cdef Session s = Session(backend, threads, segments=items, hidden=hidden, contrastive=True)
+    cdef double* loss = <double*>s.put(np.full(1, np.nan))
+    cdef float* d_pooled_pointer = <float*>s.put(d_pooled)
+    cdef float* d_temperature = <float*>s.put(d_log_inverse_temperature)
+    cdef float* d_bias_pointer = <float*>s.put(d_bias)
+    cdef float* normalized = <float*>s.put(np.full_like(pooled, np.nan))
+    cdef const uint32_t* groups_pointer = NULL if groups is None else <uint32_t*>s.put(np.asarray(groups, np.uint32))
+    s.check(s.backend.contrastive(s.context, loss, d_pooled_pointer, d_temperature, d_bias_pointer, normalized,
+                                  <float*>s.put(pooled), <float*>s.put(log_inverse_temperature), <float*>s.put(bias),
+                                  <uint8_t*>s.put(cells), <float*>s.put(weights), groups_pointer, items, hidden,
+                                  &setup, scale))
+    return (s.get_double(<size_t>loss), s.get(<size_t>d_pooled_pointer, pooled.shape),
+            s.get(<size_t>d_temperature, log_inverse_temperature.shape), s.get(<size_t>d_bias_pointer, bias.shape),
+            s.get(<size_t>normalized, pooled.shape))
 
 
-def sum_squares(x, int threads=2):
-    x = _f32(x)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef const float* x_pointer = _const_floats(x)
-    cdef size_t count = x.size
-    cdef double total
-    with nogil:
-        total = uform_ram_backend.sum_squares(&context, x_pointer, count)
-    return total
+def sum_squares(x, int threads=2, backend="ram"):
+    cdef Session s = Session(backend, threads)
+    cdef double* total = <double*>s.put(np.full(1, np.nan))
+    s.check(s.backend.sum_squares(s.context, total, <float*>s.put(x), x.size))
+    return s.get_double(<size_t>total)
 
 
 def adamw(weights, gradients, first, second, float learning_rate, float beta1, float beta2, float epsilon,
-          float weight_decay, float gradient_scale, uint64_t step, int threads=2):
-    """Returns (weights, first, second) after one update of copies of the given ones."""
-    weights, first, second, gradients = _copy(weights), _copy(first), _copy(second), _f32(gradients)
-    cdef uform_ram_context_t context = _context(threads)
-    cdef float* weights_pointer = _floats(weights)
-    cdef float* first_pointer = _floats(first)
-    cdef float* second_pointer = _floats(second)
-    cdef const float* gradients_pointer = _const_floats(gradients)
+          float weight_decay, float gradient_scale, uint64_t step, losses=(1.0, float("nan")), int threads=2,
+          backend="ram"):
+    """Returns (weights, first, second, compute) after one update of copies of the given ones, as one decaying
+    tensor whose gradients clipping scales by `gradient_scale` (<= 1). `compute` is the activation copy the
+    backend refreshed, or None on float32 backends. `losses` (masked, contrastive) set the poisoning test:
+    NaN marks a term that did not run."""
     cdef size_t count = weights.size
-    with nogil:
-        uform_ram_backend.adamw(&context, weights_pointer, gradients_pointer, first_pointer, second_pointer, count,
-                                learning_rate, beta1, beta2, epsilon, weight_decay, gradient_scale, step)
-    return weights, first, second
+    cdef Session s = Session(backend, threads, parameters=count, decays=weight_decay != 0)
+    scalars = np.zeros(uform_scalars_k)
+    scalars[uform_scalar_masked_loss_k], scalars[uform_scalar_contrastive_loss_k] = losses
+    scalars[uform_scalar_norm_squared_k] = 1.0 / gradient_scale ** 2 if gradient_scale < 1 else 0.25
+    cdef uform_update_t update
+    memset(&update, 0, sizeof(update))
+    update.weights = <float*>s.put(weights)
+    update.compute = s.take(count * 2) if s.bf16 else NULL
+    update.gradients = <float*>s.put(gradients)
+    update.first, update.second = <float*>s.put(first), <float*>s.put(second)
+    update.scalars = <double*>s.put(scalars)
+    update.learning_rate, update.beta1, update.beta2, update.epsilon = learning_rate, beta1, beta2, epsilon
+    update.weight_decay, update.clip_norm, update.text_weight = weight_decay, 1.0, 1.0
+    update.masked_ran, update.contrastive_ran = not np.isnan(losses[0]), not np.isnan(losses[1])
+    update.step = step
+    s.check(s.backend.adamw(s.context, &update))
+    compute = None if update.compute == NULL else s.get(<size_t>update.compute, weights.shape, ACT)
+    return (s.get(<size_t>update.weights, weights.shape), s.get(<size_t>update.first, weights.shape),
+            s.get(<size_t>update.second, weights.shape), compute)

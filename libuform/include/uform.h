@@ -58,6 +58,14 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility: what this header declares is all it exports. Windows
+ * builds, which would need `dllexport` here, are not made. */
+#if defined(__GNUC__) || defined(__clang__)
+#define UFORM_API __attribute__((visibility("default")))
+#else
+#define UFORM_API
+#endif
+
 #define UFORM_VERSION_MAJOR 0
 #define UFORM_VERSION_MINOR 1
 #define UFORM_VERSION_PATCH 0
@@ -87,6 +95,9 @@ typedef enum uform_status_t {
     uform_status_io_k = 6,
     /** A checkpoint is malformed or belongs to another geometry; the message names the field. */
     uform_status_invalid_checkpoint_k = 7,
+    /** The GPU failed: a CUDA error or a lost device. The message names the call; the run's
+     *  state on that device is unknown, so free the trainer and resume from a checkpoint. */
+    uform_status_device_k = 8,
 } uform_status_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -276,6 +287,7 @@ typedef struct uform_tape_t {
     void const* data;
     uint64_t const* offsets; /**< `count + 1` non-decreasing offsets, in bytes or elements. */
     size_t count;
+    uint64_t size; /**< Bytes or elements `data` holds: an offset past it is refused. */
 } uform_tape_t;
 
 /**
@@ -303,7 +315,11 @@ typedef struct uform_trainer_stats_t {
     uint64_t items;       /**< Items this process contributed. */
     uint64_t tokens;      /**< Token positions after truncation. */
     uint64_t truncated_items;
-    uint32_t skipped;     /**< 1 when a non-finite loss or gradient skipped the update. */
+    uint64_t masked_positions; /**< Positions the masked term scored; 0 when it scored none. */
+    uint64_t contrastive_rows; /**< Anchor rows the contrastive term counted; 0 when it counted none. */
+    /** 1 when the update was skipped: no term scored anything, or a loss or the gradient was not
+     *  finite. A skipped step changes nothing: weights, moments and `step` stay as they were. */
+    uint32_t skipped;
     uint32_t temperature_groups;
     float inverse_temperatures[UFORM_MAX_TEMPERATURE_GROUPS]; /**< The values this step scored with. */
     float biases[UFORM_MAX_TEMPERATURE_GROUPS];
@@ -334,10 +350,10 @@ typedef struct uform_trainer_step_t {
 /* ------------------------------------------------------------------------------------------ */
 
 /** @brief The library's version, as "MAJOR.MINOR.PATCH". Never fails. */
-char const* uform_version(void);
+UFORM_API char const* uform_version(void);
 
 /** @brief The `uform_capability_t` bits this build and machine have. Never fails. */
-uint32_t uform_capabilities(void);
+UFORM_API uint32_t uform_capabilities(void);
 
 /**
  *  @brief Makes a CPU executor: the reference backend.
@@ -345,7 +361,7 @@ uint32_t uform_capabilities(void);
  *  @param[out] executor The new handle.
  *  @param[out] error The message on failure; may be NULL.
  */
-uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executor, char const** error);
+UFORM_API uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executor, char const** error);
 
 /**
  *  @brief Makes a GPU executor over some or every visible device.
@@ -355,14 +371,14 @@ uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executo
  *  @param[out] error The message on failure; may be NULL.
  *  @return `uform_status_unsupported_k` in builds without CUDA or on machines without a GPU.
  */
-uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, uform_executor_t* executor,
-                                        char const** error);
+UFORM_API uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, uform_executor_t* executor,
+                                                  char const** error);
 
 /**
  *  @brief Frees an executor.
  *  @return `uform_status_busy_k` while a trainer borrows it.
  */
-uform_status_t uform_executor_free(uform_executor_t executor, char const** error);
+UFORM_API uform_status_t uform_executor_free(uform_executor_t executor, char const** error);
 
 /** @brief Where and how the processes of one run meet. */
 typedef struct uform_mesh_bootstrap_t {
@@ -380,14 +396,14 @@ typedef struct uform_mesh_bootstrap_t {
  *  @param[out] mesh The new handle.
  *  @return `uform_status_unsupported_k` for more than one process in builds without NCCL.
  */
-uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootstrap_t const* config,
-                                    uform_mesh_t* mesh, char const** error);
+UFORM_API uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootstrap_t const* config,
+                                              uform_mesh_t* mesh, char const** error);
 
 /**
  *  @brief Frees a mesh.
  *  @return `uform_status_busy_k` while a trainer borrows it.
  */
-uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
+UFORM_API uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
 
 /**
  *  @brief Starts or resumes a run on a CPU executor.
@@ -397,15 +413,15 @@ uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
  *  @param[out] trainer The new handle.
  *  @param[out] error The message on failure; may be NULL.
  */
-uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
-                                      uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
+UFORM_API uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                                uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
 
 /**
  *  @brief Starts or resumes a run with one replica on each device of a GPU executor.
  *  @return `uform_status_unsupported_k` in builds without CUDA; `invalid_argument` on a RAM executor.
  */
-uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
-                                       uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
+UFORM_API uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                                 uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
 
 /**
  *  @brief Applies one optimizer step over this process's items and every peer's.
@@ -416,7 +432,7 @@ uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_
  *  The batch is validated whole before anything changes. A step whose loss or gradient is not
  *  finite changes nothing and reports `stats.skipped = 1`; that is not an error.
  */
-uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, char const** error);
+UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, char const** error);
 
 /**
  *  @brief Writes the weights, the optimizer's moments, the step and the config as one
@@ -424,10 +440,10 @@ uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t*
  *  @param[in] trainer The run.
  *  @param[in] path The destination.
  */
-uform_status_t uform_trainer_save(uform_trainer_t trainer, char const* path, char const** error);
+UFORM_API uform_status_t uform_trainer_save(uform_trainer_t trainer, char const* path, char const** error);
 
 /** @brief Frees a trainer and lets go of its executor and mesh. */
-uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
+UFORM_API uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
 
 /** @brief A batch of items to embed, and where their embeddings land. */
 typedef struct uform_encoder_embed_t {
@@ -436,23 +452,24 @@ typedef struct uform_encoder_embed_t {
     uform_tape_t contents;              /**< `count` byte entries. */
     void* embeddings;                   /**< Out: `count x hidden` scalars, unit-norm pooled embeddings. */
     uform_scalar_t embeddings_scalar;
+    uint64_t truncated_items;           /**< Out: items longer than the checkpoint's `max_columns_per_row`, cut to it. */
 } uform_encoder_embed_t;
 
 /**
  *  @brief Loads a checkpoint for inference; its geometry comes from the file's own metadata.
- *  @param[in] executor A RAM executor.
+ *  @param[in] executor A RAM or VRAM executor.
  *  @param[in] path A checkpoint written by `uform_trainer_save`.
  *  @param[out] encoder The new handle.
  *  @param[out] hidden The embeddings' width; may be NULL.
  */
-uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, uform_encoder_t* encoder,
-                                  size_t* hidden, char const** error);
+UFORM_API uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, uform_encoder_t* encoder,
+                                            size_t* hidden, char const** error);
 
 /** @brief Embeds items as training scores them, without masking: the mean final state, unit-norm. */
-uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error);
+UFORM_API uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error);
 
 /** @brief Frees an encoder and lets go of its executor. */
-uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error);
+UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error);
 
 #ifdef __cplusplus
 }

@@ -10,42 +10,54 @@
 
 #define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
 
-uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, char const** error) {
+uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, uform_backend_t const* backend,
+                                 void* context, char const** error) {
     uform_batch_shape_t const* batch = &config->given.batch;
     size_t tokens = (size_t)batch->max_rows_per_device * batch->max_columns_per_row;
-    size_t segments = batch->max_segments_per_device;
+    size_t segments = batch->max_segments_per_device, words = sizeof(uint32_t);
     memset(packed, 0, sizeof(*packed));
-    packed->ids = calloc(tokens, sizeof(uint32_t));
-    packed->positions = calloc(tokens, sizeof(uint32_t));
-    packed->masked = calloc(tokens, sizeof(uint32_t));
-    packed->targets = calloc(tokens, sizeof(uint32_t));
-    packed->segments = calloc(segments, sizeof(uform_segment_t));
-    packed->groups = calloc(segments, sizeof(uint32_t));
-    packed->cells = calloc(segments * segments, sizeof(uint8_t));
-    packed->weights = calloc(segments * segments, sizeof(float));
-    packed->row_fill = calloc(batch->max_rows_per_device, sizeof(uint32_t));
-    if (!packed->ids || !packed->positions || !packed->masked || !packed->targets || !packed->segments ||
-        !packed->groups || !packed->cells || !packed->weights || !packed->row_fill) {
-        uform_packed_free(packed);
-        return uform_fail(error, uform_status_out_of_memory_k, "no memory to pack batches of %zu tokens", tokens);
-    }
+    /* One block, each array starting on a 64-byte line: the 64-bit offsets first, bytes last. */
+    size_t sizes[] = {(segments + 1) * sizeof(uint64_t), tokens * words, tokens * words, tokens * words, tokens * words,
+                      tokens * words, (uform_vocabulary_k + 1) * words, segments * sizeof(uform_segment_t),
+                      segments * words, segments * segments * sizeof(float), batch->max_rows_per_device * words,
+                      segments * segments};
+    void** arrays[] = {(void**)&packed->offsets, (void**)&packed->ids, (void**)&packed->positions,
+                       (void**)&packed->masked, (void**)&packed->targets, (void**)&packed->order,
+                       (void**)&packed->order_offsets, (void**)&packed->segments, (void**)&packed->groups,
+                       (void**)&packed->weights, (void**)&packed->row_fill, (void**)&packed->cells};
+    size_t total = 0, count = sizeof(sizes) / sizeof(sizes[0]);
+    for (size_t i = 0; i != count; ++i) total += (sizes[i] + 63) / 64 * 64;
+    uform_status_t status = backend->host_allocate(context, total, &packed->memory);
+    if (status != uform_status_success_k)
+        return uform_fail(error, status, "no host memory to pack batches of %zu tokens: %zu bytes", tokens, total);
+    packed->backend = backend, packed->context = context;
+    char* cursor = packed->memory;
+    for (size_t i = 0; i != count; ++i) *arrays[i] = cursor, cursor += (sizes[i] + 63) / 64 * 64;
     return uform_status_success_k;
 }
 
 void uform_packed_free(uform_packed_t* packed) {
-    free(packed->ids), free(packed->positions), free(packed->masked), free(packed->targets);
-    free(packed->segments), free(packed->groups), free(packed->cells), free(packed->weights), free(packed->row_fill);
+    if (packed->memory) packed->backend->host_release(packed->context, packed->memory);
     memset(packed, 0, sizeof(*packed));
 }
 
-static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, char const** error) {
+/* Checks a tape's offsets, reading each once into `snapshot` (count + 1), which the packing then reads instead. */
+static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, uint64_t* snapshot,
+                                       char const** error) {
     if (tape->count != count) return UFORM_INVALID("%s: %zu entries for %zu items", name, tape->count, count);
     if (!tape->offsets) return UFORM_INVALID("%s: NULL offsets", name);
-    for (size_t i = 0; i != count; ++i)
-        if (tape->offsets[i + 1] < tape->offsets[i])
+    uint64_t before = snapshot[0] = tape->offsets[0];
+    for (size_t i = 0; i != count; ++i) {
+        uint64_t offset = snapshot[i + 1] = tape->offsets[i + 1];
+        if (offset < before)
             return UFORM_INVALID("%s.offsets[%zu]: %llu is below the offset before it, %llu", name, i + 1,
-                                 (unsigned long long)tape->offsets[i + 1], (unsigned long long)tape->offsets[i]);
-    if (tape->offsets[count] && !tape->data) return UFORM_INVALID("%s: NULL data", name);
+                                 (unsigned long long)offset, (unsigned long long)before);
+        before = offset;
+    }
+    if (snapshot[count] > tape->size)
+        return UFORM_INVALID("%s.offsets[%zu]: %llu is past the tape's size, %llu", name, count,
+                             (unsigned long long)snapshot[count], (unsigned long long)tape->size);
+    if (snapshot[count] && !tape->data) return UFORM_INVALID("%s: NULL data", name);
     return uform_status_success_k;
 }
 
@@ -98,10 +110,9 @@ static int uform_compare_u32(void const* a, void const* b) {
     return (x > y) - (x < y);
 }
 
-/* The items themselves: how many, their modalities, their bytes. */
-static uform_status_t uform_items_validate(uform_config_t const* config, size_t count,
-                                           uform_modality_t const* modalities, uform_tape_t const* contents,
-                                           char const** error) {
+/* How many items, and their modalities. Messages count items from `first`, the caller's numbering. */
+static uform_status_t uform_items_count(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
+                                        size_t first, char const** error) {
     if (!count) return UFORM_INVALID("batch: no items");
     if (count > config->given.batch.max_segments_per_device)
         return UFORM_INVALID("batch: %zu items exceed config.batch.max_segments_per_device = %u", count,
@@ -112,25 +123,45 @@ static uform_status_t uform_items_validate(uform_config_t const* config, size_t 
         if (modality == uform_modality_text_k) continue;
         if (modality >= uform_modality_image_k && modality <= uform_modality_audio_k)
             return uform_fail(error, uform_status_unsupported_k,
-                              "batch.modalities[%zu]: %s items need a build with that modality", i,
+                              "batch.modalities[%zu]: %s items need a build with that modality", first + i,
                               modality == uform_modality_image_k ? "image"
                               : modality == uform_modality_video_k ? "video"
                                                                    : "audio");
-        return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", i, (int)modality);
+        return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", first + i, (int)modality);
     }
-    uform_status_t status = uform_tape_check(contents, count, "batch.contents", error);
-    if (status != uform_status_success_k) return status;
-    for (size_t i = 0; i != count; ++i)
-        if (contents->offsets[i + 1] == contents->offsets[i])
-            return UFORM_INVALID("batch.contents[%zu]: empty; every item needs at least one byte", i);
     return uform_status_success_k;
 }
 
-static uform_status_t uform_batch_validate(uform_config_t const* config, uform_trainer_step_t const* step,
-                                           char const** error) {
+/* The items' bytes, their offsets kept in `packed->offsets` for the packing. */
+static uform_status_t uform_contents_check(uform_packed_t* packed, uform_tape_t const* contents, size_t count,
+                                           size_t first, char const** error) {
+    uform_status_t status = uform_tape_check(contents, count, "batch.contents", packed->offsets, error);
+    if (status != uform_status_success_k) return status;
+    for (size_t i = 0; i != count; ++i)
+        if (packed->offsets[i + 1] == packed->offsets[i])
+            return UFORM_INVALID("batch.contents[%zu]: empty; every item needs at least one byte", first + i);
+    return uform_status_success_k;
+}
+
+static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_t const* config,
+                                           uform_trainer_step_t const* step, char const** error) {
     uform_trainer_init_vram_t const* c = &config->given;
     size_t count = step->count;
-    uform_status_t status = uform_items_validate(config, count, step->modalities, &step->contents, error);
+    uform_status_t status = uform_items_count(config, count, step->modalities, 0, error);
+    if (status != uform_status_success_k) return status;
+    /* The choice tapes borrow the offsets' snapshot before the contents take it for the packing. */
+    if (step->choices.offsets || step->choices.data) {
+        status = uform_tape_check(&step->choices, count, "batch.choices", packed->offsets, error);
+        if (status != uform_status_success_k) return status;
+        if (packed->offsets[count])
+            return UFORM_INVALID("batch.choices: items offer choices, which need config.choices.weight");
+    }
+    if (step->choice_targets.offsets || step->choice_targets.data) {
+        status = uform_tape_check(&step->choice_targets, count, "batch.choice_targets", packed->offsets, error);
+        if (status != uform_status_success_k) return status;
+        if (packed->offsets[count]) return UFORM_INVALID("batch.choice_targets: given without choices");
+    }
+    status = uform_contents_check(packed, &step->contents, count, 0, error);
     if (status != uform_status_success_k) return status;
     if (step->bags) {
         uint32_t* sorted = malloc(count * sizeof(uint32_t));
@@ -144,11 +175,6 @@ static uform_status_t uform_batch_validate(uform_config_t const* config, uform_t
             return UFORM_INVALID("batch.bags: %zu bags exceed config.batch.max_bags_per_device = %u", distinct,
                                  c->batch.max_bags_per_device);
     }
-    if (step->temperature_groups)
-        for (size_t i = 0; i != count; ++i)
-            if (step->temperature_groups[i] >= c->contrastive.temperature_groups)
-                return UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below config.contrastive.temperature_groups = %u",
-                                     i, step->temperature_groups[i], c->contrastive.temperature_groups);
     if (step->sides)
         for (size_t i = 0; i != count; ++i) {
             if ((unsigned)step->sides[i] > uform_late_interaction_query_and_document_k)
@@ -156,18 +182,6 @@ static uform_status_t uform_batch_validate(uform_config_t const* config, uform_t
             if (step->sides[i] != uform_late_interaction_none_k)
                 return UFORM_INVALID("batch.sides[%zu]: %d needs config.late_interaction.weight", i, (int)step->sides[i]);
         }
-    if (step->choices.offsets || step->choices.data) {
-        status = uform_tape_check(&step->choices, count, "batch.choices", error);
-        if (status != uform_status_success_k) return status;
-        if (step->choices.offsets[count])
-            return UFORM_INVALID("batch.choices: items offer choices, which need config.choices.weight");
-    }
-    if (step->choice_targets.offsets || step->choice_targets.data) {
-        status = uform_tape_check(&step->choice_targets, count, "batch.choice_targets", error);
-        if (status != uform_status_success_k) return status;
-        if (step->choice_targets.offsets[count]) return UFORM_INVALID("batch.choice_targets: given without choices");
-    }
-
     size_t edges = 0;
     uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
     char const* names[3] = {"attract", "repel", "ignore"};
@@ -219,6 +233,14 @@ static void uform_mask_text(uform_packed_t* packed, uform_config_t const* config
     }
 }
 
+/* Whether a row with these attract and repel weight sums takes part in the contrastive mean. */
+static int uform_row_counts(uform_pair_loss_form_t form, double attract, double repel) {
+    if (form == uform_pair_loss_ranked_k) return attract > 0 && repel > 0;
+    if (form == uform_pair_loss_balanced_k) return attract > 0 || repel > 0;
+    return attract + repel > 0;
+}
+
+/* The cells were validated from the caller's edges; read again here, every index is bounded anew. */
 static void uform_cells_fill(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step) {
     size_t count = step->count;
     uform_contrastive_t const* contrastive = &config->given.contrastive;
@@ -235,23 +257,51 @@ static void uform_cells_fill(uform_packed_t* packed, uform_config_t const* confi
         uform_edges_view_t const* edges = relations[r];
         if (!edges->offsets) continue;
         for (size_t i = 0; i != count; ++i)
-            for (uint32_t k = edges->offsets[i]; k != edges->offsets[i + 1]; ++k) {
-                size_t cell = i * count + edges->ids[k];
-                packed->cells[cell] = kinds[r];
-                packed->weights[cell] = r == 2 ? 0 : edges->weights ? edges->weights[k] : 1;
+            for (uint32_t k = edges->offsets[i], end = edges->offsets[i + 1]; k < end && k < edges->ids_count; ++k) {
+                uint32_t id = edges->ids[k];
+                if (id >= count) continue;
+                float weight = r == 2 ? 0 : edges->weights ? edges->weights[k] : 1;
+                packed->cells[i * count + id] = kinds[r];
+                packed->weights[i * count + id] = isfinite(weight) && weight > 0 ? weight : 0;
             }
+    }
+    packed->contrastive_rows = 0;
+    for (size_t i = 0; i != count; ++i) {
+        double attract = 0, repel = 0;
+        for (size_t j = 0; j != count; ++j) {
+            if (packed->cells[i * count + j] == uform_cell_attract_k) attract += packed->weights[i * count + j];
+            if (packed->cells[i * count + j] == uform_cell_repel_k) repel += packed->weights[i * count + j];
+        }
+        packed->contrastive_rows += (size_t)uform_row_counts(contrastive->pair_loss, attract, repel);
     }
 }
 
-/* Cuts items to a row and packs them first-fit into rows, in item order. */
+/* Lists the tokens by the id the model reads, stably, so a backward pass can sum each id's rows in one order. */
+static void uform_order_fill(uform_packed_t* packed) {
+    uint32_t* starts = packed->order_offsets;
+    memset(starts, 0, (uform_vocabulary_k + 1) * sizeof(uint32_t));
+    for (size_t t = 0; t != packed->tokens_count; ++t) ++starts[packed->ids[t] + 1];
+    for (size_t id = 0; id != uform_vocabulary_k; ++id) starts[id + 1] += starts[id];
+    /* Each id's start serves as its cursor while placing; the cursors end at the next id's start, so shift back. */
+    for (size_t t = 0; t != packed->tokens_count; ++t) packed->order[starts[packed->ids[t]]++] = (uint32_t)t;
+    for (size_t id = uform_vocabulary_k; id != 0; --id) starts[id] = starts[id - 1];
+    starts[0] = 0;
+}
+
+/* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot.
+   Each temperature group is read once, into the packed copy, and checked there. */
 static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
-                                      uform_tape_t const* contents, uint32_t const* groups, char const** error) {
+                                      uform_tape_t const* contents, uint32_t const* groups, size_t first,
+                                      char const** error) {
     uform_batch_shape_t const* shape = &config->given.batch;
+    uint32_t group_count = config->given.contrastive.temperature_groups;
     uint8_t const* bytes = (uint8_t const*)contents->data;
-    packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = 0;
+    uint64_t const* offsets = packed->offsets;
+    packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = packed->longest = 0;
+    packed->contrastive_rows = 0;
     packed->segments_count = count;
     for (size_t i = 0; i != count; ++i) {
-        uint64_t begin = contents->offsets[i], length = contents->offsets[i + 1] - begin;
+        uint64_t begin = offsets[i], length = offsets[i + 1] - begin;
         if (length > shape->max_columns_per_row) length = shape->max_columns_per_row, ++packed->truncated;
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
@@ -259,7 +309,7 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
             if (row == shape->max_rows_per_device)
                 return UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than "
                                      "config.batch.max_rows_per_device = %u rows of %u columns",
-                                     i, shape->max_rows_per_device, shape->max_columns_per_row);
+                                     first + i, shape->max_rows_per_device, shape->max_columns_per_row);
             packed->row_fill[packed->rows_count++] = 0;
         }
         uform_segment_t* segment = &packed->segments[i];
@@ -268,34 +318,43 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         segment->row = (uint32_t)row;
         segment->column = packed->row_fill[row];
         packed->row_fill[row] += (uint32_t)length;
+        if (length > packed->longest) packed->longest = length;
         for (uint32_t p = 0; p != length; ++p) {
             packed->ids[packed->tokens_count + p] = bytes[begin + p];
             packed->positions[packed->tokens_count + p] = p;
         }
         packed->tokens_count += length;
-        packed->groups[i] = groups ? groups[i] : 0;
+        uint32_t group = packed->groups[i] = groups ? groups[i] : 0;
+        if (group >= group_count)
+            return UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below config.contrastive.temperature_groups = %u",
+                                 first + i, group, group_count);
     }
     return uform_status_success_k;
 }
 
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
-                                uform_trainer_step_t const* step, uint64_t step_number, char const** error) {
+                                uform_trainer_step_t const* step, uint64_t step_number, size_t first_item,
+                                char const** error) {
     if (!step) return UFORM_INVALID("batch: NULL");
-    uform_status_t status = uform_batch_validate(config, step, error);
+    uform_status_t status = uform_batch_validate(packed, config, step, error);
     if (status == uform_status_success_k)
-        status = uform_pack_rows(packed, config, step->count, &step->contents, step->temperature_groups, error);
+        status = uform_pack_rows(packed, config, step->count, &step->contents, step->temperature_groups, 0, error);
     if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
-            uform_mask_text(packed, config, step_number, i, packed->segments[i].start, packed->segments[i].length);
+            uform_mask_text(packed, config, step_number, first_item + i, packed->segments[i].start,
+                            packed->segments[i].length);
     if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
+    uform_order_fill(packed);
     return uform_status_success_k;
 }
 
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
-                                      char const** error) {
-    uform_status_t status = uform_items_validate(config, contents->count, modalities, contents, error);
+                                      size_t first_item, char const** error) {
+    size_t count = contents->count;
+    uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
+    if (status == uform_status_success_k) status = uform_contents_check(packed, contents, count, first_item, error);
     if (status != uform_status_success_k) return status;
-    return uform_pack_rows(packed, config, contents->count, contents, NULL, error);
+    return uform_pack_rows(packed, config, count, contents, NULL, first_item, error);
 }

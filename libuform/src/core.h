@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "internal.h"
+#include "backend.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Handles                                                                                        */
@@ -49,14 +49,18 @@ void uform_handles_release(void* object);
 typedef struct uform_executor_s {
     uform_handle_t handle;
     uform_backend_t const* backend;
-    uform_ram_context_t ram;
-    void* context; /* what the backend's operations take */
+    void* device; /* the backend's open device: replicas make their contexts on it */
 } uform_executor_s;
 
 typedef struct uform_mesh_s {
     uform_handle_t handle;
+    uform_executor_s* executor; /* borrowed until the mesh is freed */
     uint32_t host_domain_index, host_domain_count;
 } uform_mesh_s;
+
+/** The CUDA backend, loaded from `libuform_vram.so` beside this library on first use; NULL with the
+ *  message set when the build has none or no GPU answers. */
+uform_backend_t const* uform_vram_backend(void);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Config                                                                                         */
@@ -84,53 +88,66 @@ float uform_schedule_rate(uform_schedule_t const* schedule, uint64_t step);
 /**
  *  One device's share of a step, packed on the host as the device will read it: the token
  *  stream, each token's position inside its item, the segments, the masked positions and their
- *  targets, and the contrastive cells. Sized for the geometry's capacity once, reused every step.
+ *  targets, the tokens ordered by id, and the contrastive cells. Sized for the geometry's
+ *  capacity once, in host memory the backend copies from fastest, reused every step.
  */
 typedef struct uform_packed_t {
-    size_t tokens_count, segments_count, rows_count, masked_count, truncated;
+    size_t tokens_count, segments_count, rows_count, masked_count, truncated, longest;
+    size_t contrastive_rows; /* anchor rows with at least one counted cell under the pair-loss form */
     uint32_t* ids;       /* (capacity tokens) the ids the model reads, after corruption */
     uint32_t* positions; /* (capacity tokens) each token's position within its item */
-    uform_segment_t* segments; /* (capacity segments) */
     uint32_t* masked;    /* (capacity tokens) indices of the positions the masked term scores */
     uint32_t* targets;   /* (capacity tokens) the original bytes at those positions */
+    uint32_t* order;     /* (capacity tokens) tokens sorted by the id the model reads, stably */
+    uint32_t* order_offsets; /* (vocabulary + 1) where each id's run starts in `order` */
+    uform_segment_t* segments; /* (capacity segments) */
     uint32_t* groups;    /* (capacity segments) temperature group of each item */
     uint8_t* cells;      /* (segments x segments) uform_cell_t of each contrastive cell */
     float* weights;      /* (segments x segments) weight of each cell */
     uint32_t* row_fill;  /* (capacity rows) positions used in each row while packing */
+    uint64_t* offsets;   /* (capacity segments + 1) the contents' offsets, read once and checked */
+    void* memory;        /* the one host allocation behind the arrays above */
+    uform_backend_t const* backend;
+    void* context;
 } uform_packed_t;
 
-uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, char const** error);
+uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, uform_backend_t const* backend,
+                                 void* context, char const** error);
 void uform_packed_free(uform_packed_t* packed);
 
 /**
  *  Checks every field of a step's inputs against the config, then packs it for the update to
  *  step `step_number` (counted from 1): truncation, rows, masking draws, contrastive cells.
- *  Writes only `packed`, which is scratch: a refused batch leaves the run as it was.
+ *  Every value the packing trusts is read from the caller's memory once, so memory changed
+ *  meanwhile cannot steer it outside a buffer. Writes only `packed`, which is scratch: a refused
+ *  batch leaves the run as it was. Draws are keyed on `first_item` + the item's index, its index
+ *  within the process's step, so they do not depend on how a step is split over devices.
  */
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
-                                uform_trainer_step_t const* step, uint64_t step_number, char const** error);
-/** Packs `count` items of a tape already validated, without masking, as inference reads them. */
+                                uform_trainer_step_t const* step, uint64_t step_number, size_t first_item,
+                                char const** error);
+/** Packs the items of a tape, without masking, as inference reads them; messages count items from `first_item`. */
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
-                                      char const** error);
+                                      size_t first_item, char const** error);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  The model on one device                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
-/** Activations of one block, each sized for the device's token capacity. */
+/** Activations of one block, each sized for the device's token capacity; `void*` ones hold activations. */
 typedef struct uform_block_activations_t {
-    float* input;     /* (tokens, hidden) the residual stream entering the block */
-    float* rstd1;     /* (tokens) */
-    float* normed1;   /* (tokens, hidden) */
-    float* qkv;       /* (tokens, 3 hidden) queries and keys after rotation */
-    float* attended;  /* (tokens, hidden) */
-    float* lse;       /* (heads, tokens) */
-    float* middle;    /* (tokens, hidden) the residual stream after attention */
-    float* rstd2;     /* (tokens) */
-    float* normed2;   /* (tokens, hidden) */
-    float* up;        /* (tokens, 4 hidden) before GELU */
-    float* activated; /* (tokens, 4 hidden) after GELU */
+    void* input;       /* (tokens, hidden) the residual stream entering the block */
+    float* rstd1;      /* (tokens) */
+    void* normed1;     /* (tokens, hidden) */
+    void* qkv;         /* (tokens, 3 hidden) queries and keys after rotation */
+    void* attended;    /* (tokens, hidden) */
+    float* statistics; /* the backend's attention statistics */
+    void* middle;      /* (tokens, hidden) the residual stream after attention */
+    float* rstd2;      /* (tokens) */
+    void* normed2;     /* (tokens, hidden) */
+    void* up;          /* (tokens, 4 hidden) before GELU */
+    void* activated;   /* (tokens, 4 hidden) after GELU */
 } uform_block_activations_t;
 
 /** One replica: weights, gradients, moments and activations in one backend's memory. */
@@ -139,44 +156,46 @@ typedef struct uform_replica_t {
     void* context;
     size_t capacity_tokens, capacity_segments;
     uint32_t depth;
-    float *weights, *gradients, *first, *second; /* (layout.total) each */
-    uform_block_activations_t* blocks;           /* (depth) */
-    float* output;      /* (tokens, hidden) residual stream after the last block */
-    float* final_rstd;  /* (tokens) */
-    float* final;       /* (tokens, hidden) final-norm states: every head reads these */
-    float* d_final;     /* (tokens, hidden) */
-    float* d_stream;    /* (tokens, hidden) gradient of the residual stream */
-    float* d_hidden;    /* (tokens, hidden) scratch */
-    float* d_qkv;       /* (tokens, 3 hidden) */
-    float* d_wide;      /* (tokens, 4 hidden) */
-    float* masked_states; /* (tokens, hidden) final states at masked positions */
-    float* logits;      /* (tokens, 256) decoder logits at masked positions */
-    float* d_logits;    /* (tokens, 256) */
-    float* pooled;      /* (segments, hidden) */
-    float* d_pooled;    /* (segments, hidden) */
-    float* normalized;  /* (segments, hidden) unit-norm embeddings */
+    float *weights, *gradients, *first, *second; /* (layout.total) float32 each */
+    void* compute;  /* (layout.total) the weights as matrix products read them: `weights` itself on float32 backends */
+    uform_block_activations_t* blocks; /* (depth) */
+    void* output;      /* (tokens, hidden) residual stream after the last block */
+    float* final_rstd; /* (tokens) */
+    void* final;       /* (tokens, hidden) final-norm states: every head reads these */
+    void* d_final;     /* (tokens, hidden) */
+    void* d_stream;    /* (tokens, hidden) gradient of the residual stream */
+    void* d_hidden;    /* (tokens, hidden) scratch */
+    void* d_qkv;       /* (tokens, 3 hidden) */
+    void* d_wide;      /* (tokens, 4 hidden) */
+    void* masked_states; /* (tokens, hidden) final states at masked positions */
+    void* logits;      /* (tokens, 256) decoder logits at masked positions */
+    void* d_logits;    /* (tokens, 256) */
+    float* pooled;     /* (segments, hidden) */
+    float* d_pooled;   /* (segments, hidden) */
+    float* normalized; /* (segments, hidden) unit-norm embeddings */
+    double* scalars;   /* (uform_scalars_k) the step's losses and squared norm */
+    float* scored;     /* (2 x groups) the inverse temperatures' logarithms and biases the step scored with */
     /* the packed batch, uploaded */
-    uint32_t *ids, *positions, *masked, *targets, *groups;
+    uint32_t *ids, *positions, *masked, *targets, *groups, *order, *order_offsets;
     uform_segment_t* segments;
     uint8_t* cells;
     float* cell_weights;
 } uform_replica_t;
 
+/** Makes the backend's context for the config's capacities and takes every buffer a step needs. */
 uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
                                   uform_layout_t const* layout, uform_config_t const* config, char const** error);
 void uform_replica_free(uform_replica_t* replica);
 
-/** Losses of one forward pass; NaN for terms that did not run. */
-typedef struct uform_losses_t {
-    double total, masked, contrastive;
-} uform_losses_t;
-
 /** Uploads a packed batch, runs the forward pass and pools each item's final states. */
-void uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
+uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
 
-/** Uploads a packed batch, then runs forward, losses and backward: gradients are overwritten. */
-void uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout, uform_config_t const* config,
-                           uform_packed_t const* packed, uform_losses_t* losses);
+/**
+ *  Uploads a packed batch, then queues forward, losses and backward (gradients are overwritten)
+ *  and the squared norm. The scalars land after the backend synchronizes.
+ */
+uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout,
+                                     uform_config_t const* config, uform_packed_t const* packed);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Checkpoints                                                                                    */
@@ -192,6 +211,10 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
 
 /** Reads the geometry a checkpoint was trained with out of its metadata. */
 uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error);
+
+/** Starts or resumes a run on an executor of either kind: `vram` 0 or 1 insists on one, -1 takes either. */
+uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uform_trainer_init_vram_t const* config,
+                                  uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
 
 /** Unmasked pooled embeddings of `count` items from `first` on, packed to fit, landed in `out`. */
 uform_status_t uform_trainer_embed(uform_trainer_t trainer, uform_encoder_embed_t* embed, char const** error);

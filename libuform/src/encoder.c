@@ -1,7 +1,7 @@
 /**
  *  @file   encoder.c
- *  @brief  Checkpoints loaded for inference. An encoder is a trainer resumed from the file's own
- *          geometry that only ever runs the forward pass, so training and inference share one
+ *  @brief  Checkpoints loaded for inference, on a RAM or VRAM executor. An encoder is a trainer
+ *          resumed from the file's own geometry that only ever runs the forward pass, so training and inference share one
  *          sequence of operations and score items identically.
  */
 #include <stdlib.h>
@@ -29,7 +29,7 @@ uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, u
     uform_encoder_s* made = calloc(1, sizeof(uform_encoder_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for an encoder");
     made->hidden = config.hidden;
-    status = uform_trainer_init_ram(executor, &config, NULL, &made->trainer, error);
+    status = uform_trainer_init(executor, -1, &config, NULL, &made->trainer, error);
     if (status == uform_status_success_k) status = uform_handles_add(made, uform_handle_encoder_k, encoder, error);
     if (status != uform_status_success_k) {
         if (made->trainer) uform_trainer_free(made->trainer, NULL);

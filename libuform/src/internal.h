@@ -5,7 +5,7 @@
  *
  *  The core (the C files of `libuform/src/`) validates, packs, draws, runs the model's sequence of
  *  operations and writes checkpoints, once. A backend (`ram/`, later `vram/`) is a table of
- *  operations over its own memory; the core never touches a backend's buffers directly.
+ *  operations over its own memory (`backend.h`); the core never touches a backend's buffers directly.
  */
 #ifndef UFORM_INTERNAL_H_
 #define UFORM_INTERNAL_H_
@@ -15,6 +15,14 @@
 #include <stddef.h>
 
 #include "uform.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef UFORM_API /* uform.h defines it; these headers also serve builds of the plug-in */
+#define UFORM_API
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Errors                                                                                         */
@@ -26,6 +34,13 @@ uform_status_t uform_fail(char const** error, uform_status_t status, char const*
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+
+/** `uform_fail`'s type, for backends loaded at run time, which format their messages through the core's. */
+typedef uform_status_t (*uform_fail_t)(char const** error, uform_status_t status, char const* format, ...);
+
+/** The message of the last failure on this thread: what a verb hands its caller when an operation failed.
+ *  Exported beside `uform.h`'s verbs for the library's own test module. */
+UFORM_API char const* uform_message(void);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Keyed draws                                                                                    */
@@ -127,103 +142,18 @@ typedef enum uform_cell_t {
 } uform_cell_t;
 
 /* ---------------------------------------------------------------------------------------------- */
-/*  Backends                                                                                       */
-/* ---------------------------------------------------------------------------------------------- */
-
-/** The contrastive term's settings, as the backend's loss operation reads them. */
-typedef struct uform_contrastive_setup_t {
-    uform_pair_loss_form_t form; /* never `derived`: the core resolves it */
-    size_t dimensions_count;
-    uint32_t dimensions[UFORM_MAX_MATRYOSHKA_DIMENSIONS];
-} uform_contrastive_setup_t;
-
-/**
- *  The operations a backend provides, over pointers into its own memory. Shapes are named
- *  where they are used: `tokens` rows of the packed stream, `hidden` wide, `segments` items.
- *  Backward operations accumulate (`+=`) into gradients unless they say otherwise, so the core
- *  may sum contributions from several heads without extra buffers.
- */
-typedef struct uform_backend_t {
-    char const* name;
-    void* (*allocate)(void* context, size_t bytes); /* zeroed; NULL when out of memory */
-    void (*release)(void* context, void* pointer);
-    void (*upload)(void* context, void* destination, void const* source, size_t bytes);
-    void (*download)(void* context, void* destination, void const* source, size_t bytes);
-    void (*zero)(void* context, void* destination, size_t bytes);
-    void (*copy)(void* context, void* destination, void const* source, size_t bytes); /* within the backend */
-
-    /* c (m, n) = a (m, k) x b (k, n) + beta c, either input read transposed when asked */
-    void (*matmul)(void* context, float* c, float const* a, float const* b, size_t m, size_t n, size_t k,
-                   int a_transposed, int b_transposed, float beta);
-    /* out (tokens, hidden) = table[ids] */
-    void (*embedding_forward)(void* context, float* out, float const* table, uint32_t const* ids, size_t tokens,
-                              size_t hidden);
-    void (*embedding_backward)(void* context, float* d_table, float const* d_out, uint32_t const* ids,
-                               size_t tokens, size_t hidden, size_t vocabulary);
-    /* out = x / rms(x) * gain; rstd (tokens) keeps 1 / rms(x) for the backward pass */
-    void (*rmsnorm_forward)(void* context, float* out, float* rstd, float const* x, float const* gain, size_t tokens,
-                            size_t hidden);
-    void (*rmsnorm_backward)(void* context, float* d_x, float* d_gain, float const* d_out, float const* x,
-                             float const* gain, float const* rstd, size_t tokens, size_t hidden);
-    /* rotates the query and key thirds of qkv (tokens, 3 hidden) in place by each token's position */
-    void (*rope_forward)(void* context, float* qkv, uint32_t const* positions, size_t tokens, size_t hidden);
-    /* the inverse rotation, applied to their gradients in place */
-    void (*rope_backward)(void* context, float* d_qkv, uint32_t const* positions, size_t tokens, size_t hidden);
-    /* out (tokens, hidden), lse (heads, tokens): softmax(q k^T / 8) v within each segment only */
-    void (*attention_forward)(void* context, float* out, float* lse, float const* qkv, uform_segment_t const* segments,
-                              size_t segments_count, size_t tokens, size_t hidden);
-    /* d_qkv is written, not accumulated */
-    void (*attention_backward)(void* context, float* d_qkv, float const* d_out, float const* out, float const* lse,
-                               float const* qkv, uform_segment_t const* segments, size_t segments_count,
-                               size_t tokens, size_t hidden);
-    /* tanh-approximated GELU, element-wise; the backward pass writes d_in, which may alias d_out */
-    void (*gelu_forward)(void* context, float* out, float const* in, size_t count);
-    void (*gelu_backward)(void* context, float* d_in, float const* d_out, float const* in, size_t count);
-    /* out[i] = in[rows[i]] and its adjoint d_in[rows[i]] += d_out[i] (rows distinct) */
-    void (*gather_rows)(void* context, float* out, float const* in, uint32_t const* rows, size_t count, size_t width);
-    void (*scatter_rows)(void* context, float* d_in, float const* d_out, uint32_t const* rows, size_t count,
-                         size_t width);
-    /* mean cross-entropy of logits (count, classes) against targets, scaled; writes d_logits * scale */
-    double (*cross_entropy)(void* context, float* d_logits, float const* logits, uint32_t const* targets,
-                            size_t count, size_t classes, float scale);
-    /* pooled (segments, hidden) = mean of each segment's rows; the backward pass accumulates */
-    void (*pool_forward)(void* context, float* pooled, float const* states, uform_segment_t const* segments,
-                         size_t segments_count, size_t hidden);
-    void (*pool_backward)(void* context, float* d_states, float const* d_pooled, uform_segment_t const* segments,
-                          size_t segments_count, size_t hidden);
-    /*
-     *  The contrastive loss over pooled (items, hidden) embeddings, SPEC section 5: cells
-     *  (items x items) say how each cell counts and weights weigh it. Writes the unit-norm
-     *  embeddings, accumulates d_pooled, d_log_inverse_temperature and d_bias scaled by `scale`,
-     *  returns the loss, or NaN when no row counted.
-     */
-    double (*contrastive)(void* context, float* d_pooled, float* d_log_inverse_temperature, float* d_bias,
-                          float* normalized, float const* pooled, float const* log_inverse_temperature,
-                          float const* bias, uint8_t const* cells, float const* weights, uint32_t const* groups,
-                          size_t items, size_t hidden, uform_contrastive_setup_t const* setup, float scale);
-    /* sum of squares, in double, in an order that does not depend on the thread count */
-    double (*sum_squares)(void* context, float const* x, size_t count);
-    /* one AdamW update of a tensor: gradients scaled by `gradient_scale` (clipping) first */
-    void (*adamw)(void* context, float* weights, float const* gradients, float* first, float* second, size_t count,
-                  float learning_rate, float beta1, float beta2, float epsilon, float weight_decay,
-                  float gradient_scale, uint64_t step);
-} uform_backend_t;
-
-/** The CPU reference backend; its context is a `uform_ram_context_t`. */
-typedef struct uform_ram_context_t {
-    int threads;
-} uform_ram_context_t;
-
-extern uform_backend_t const uform_ram_backend;
-
-/* ---------------------------------------------------------------------------------------------- */
 /*  Hooks for the tests                                                                            */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* The library exports these beside `uform.h`'s verbs for its own test module; they are no promise. */
 /** Runs a step's forward, loss and backward passes without updating: `gradients` gets `layout.total` floats. */
-uform_status_t uform_trainer_probe(uform_trainer_t trainer, uform_trainer_step_t* step, float* gradients,
+UFORM_API uform_status_t uform_trainer_probe(uform_trainer_t trainer, uform_trainer_step_t* step, float* gradients,
                                    char const** error);
 /** Copies the flat weights out (`*total` floats, in layout order); with `weights == NULL` tells `*total`. */
-uform_status_t uform_trainer_weights(uform_trainer_t trainer, float* weights, size_t* total, char const** error);
+UFORM_API uform_status_t uform_trainer_weights(uform_trainer_t trainer, float* weights, size_t* total, char const** error);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* UFORM_INTERNAL_H_ */

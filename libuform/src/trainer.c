@@ -25,8 +25,8 @@ typedef struct uform_trainer_s {
 } uform_trainer_s;
 
 static void uform_trainer_release(uform_trainer_s* trainer) {
-    uform_replica_free(&trainer->replica);
     uform_packed_free(&trainer->packed);
+    uform_replica_free(&trainer->replica);
     uform_layout_free(&trainer->layout);
     pthread_mutex_destroy(&trainer->lock);
     free(trainer);
@@ -36,9 +36,12 @@ static void uform_trainer_release(uform_trainer_s* trainer) {
 static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const** error) {
     uform_layout_t const* layout = &trainer->layout;
     uform_replica_t* replica = &trainer->replica;
+    uform_backend_t const* backend = replica->backend;
     size_t bytes = layout->total * sizeof(float);
     float* host = calloc(3 * layout->total, sizeof(float));
-    if (!host) return uform_fail(error, uform_status_out_of_memory_k, "no memory to initialize %zu weights", layout->total);
+    if (!host)
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory to initialize %zu weights (%zu bytes)",
+                          layout->total, 3 * bytes);
     float *weights = host, *first = host + layout->total, *second = host + 2 * layout->total;
     uform_status_t status = uform_status_success_k;
     if (trainer->config.given.resume) {
@@ -54,11 +57,14 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
                                              : tensor->init_value;
         }
     }
-    if (status == uform_status_success_k) {
-        replica->backend->upload(replica->context, replica->weights, weights, bytes);
-        replica->backend->upload(replica->context, replica->first, first, bytes);
-        replica->backend->upload(replica->context, replica->second, second, bytes);
-    }
+    void* context = replica->context;
+    if (status == uform_status_success_k) status = backend->upload(context, replica->weights, weights, bytes);
+    if (status == uform_status_success_k) status = backend->upload(context, replica->first, first, bytes);
+    if (status == uform_status_success_k) status = backend->upload(context, replica->second, second, bytes);
+    if (status == uform_status_success_k && backend->convert)
+        status = backend->convert(context, replica->compute, replica->weights, layout->total);
+    if (status == uform_status_success_k) status = backend->synchronize(context); /* before `host` goes */
+    if (status != uform_status_success_k && error && !*error) *error = uform_message();
     free(host);
     return status;
 }
@@ -78,9 +84,10 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     if (status == uform_status_success_k)
         status = uform_layout_init(&made->layout, c->depth, c->hidden, c->contrastive.temperature_groups,
                                    c->contrastive.inverse_temperature, c->contrastive.bias, error);
-    if (status == uform_status_success_k) status = uform_packed_init(&made->packed, &made->config, error);
     if (status == uform_status_success_k)
         status = uform_replica_init(&made->replica, made->executor, &made->layout, &made->config, error);
+    if (status == uform_status_success_k)
+        status = uform_packed_init(&made->packed, &made->config, made->replica.backend, made->replica.context, error);
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
     if (status == uform_status_success_k) {
         uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
@@ -90,15 +97,19 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     return status;
 }
 
-uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
-                                      uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
+/* Both verbs share one path: the executor's kind decides the backend, and the verb only checks it was the one meant. */
+uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uform_trainer_init_vram_t const* config,
+                                  uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
     /* Both are borrowed before anything reads them, so a free racing this call answers busy, never
        frees them under it. */
     void *devices = NULL, *peers = NULL;
     uform_status_t status = uform_handles_acquire(executor, uform_handle_executor_k, "executor", &devices, error);
-    if (status == uform_status_success_k && ((uform_executor_s*)devices)->backend != &uform_ram_backend)
-        status = uform_fail(error, uform_status_invalid_argument_k,
-                            "executor: a VRAM executor; use uform_trainer_init_vram");
+    if (status == uform_status_success_k) {
+        int is_vram = ((uform_executor_s*)devices)->backend != &uform_ram_backend;
+        if (vram >= 0 && is_vram != vram)
+            status = uform_fail(error, uform_status_invalid_argument_k, "executor: a %s executor; use uform_trainer_init_%s",
+                                is_vram ? "VRAM" : "RAM", is_vram ? "vram" : "ram");
+    }
     if (status == uform_status_success_k && mesh)
         status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &peers, error);
     if (status == uform_status_success_k) status = uform_trainer_make(devices, peers, config, trainer, error);
@@ -106,13 +117,14 @@ uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_i
     return status;
 }
 
+uform_status_t uform_trainer_init_ram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
+                                      uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
+    return uform_trainer_init(executor, 0, config, mesh, trainer, error);
+}
+
 uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_init_vram_t const* config,
                                        uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
-    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
-    if (status != uform_status_success_k) return status;
-    (void)config, (void)mesh, (void)trainer;
-    return uform_fail(error, uform_status_invalid_argument_k,
-                      "executor: a RAM executor; use uform_trainer_init_ram, or a VRAM executor where CUDA is built");
+    return uform_trainer_init(executor, 1, config, mesh, trainer, error);
 }
 
 /* Takes the trainer for one verb: checked live, counted as borrowed so it cannot be freed meanwhile, locked. */
@@ -130,26 +142,37 @@ static void uform_trainer_leave(uform_trainer_s* trainer) {
     uform_handles_release(trainer);
 }
 
-static void uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_losses_t const* losses) {
+/* Reads the step's scalars and scored temperatures once, after the backend has synchronized. */
+static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, int masked_ran,
+                                       int contrastive_ran, double* scalars) {
     uform_layout_t const* layout = &trainer->layout;
     uform_replica_t const* replica = &trainer->replica;
+    uform_backend_t const* backend = replica->backend;
+    float scored[2 * UFORM_MAX_TEMPERATURE_GROUPS];
+    uint32_t groups = layout->temperature_groups;
+    uform_status_t status = backend->download(replica->context, scalars, replica->scalars, uform_scalars_k * sizeof(double));
+    if (status == uform_status_success_k)
+        status = backend->download(replica->context, scored, replica->scored, 2 * groups * sizeof(float));
+    if (status != uform_status_success_k) return status;
     memset(stats, 0, sizeof(*stats));
-    stats->loss = (float)losses->total;
-    stats->masked_loss = (float)losses->masked;
-    stats->contrastive_loss = (float)losses->contrastive;
+    double masked = scalars[uform_scalar_masked_loss_k], contrastive = scalars[uform_scalar_contrastive_loss_k];
+    double total = 0;
+    if (masked_ran) total += (double)trainer->config.given.masking.text_weight * masked;
+    if (contrastive_ran) total += contrastive;
+    stats->loss = masked_ran || contrastive_ran ? (float)total : NAN;
+    stats->masked_loss = masked_ran ? (float)masked : NAN;
+    stats->contrastive_loss = contrastive_ran ? (float)contrastive : NAN;
     stats->late_interaction_loss = stats->choices_loss = NAN;
+    stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     stats->items = trainer->packed.segments_count;
     stats->tokens = trainer->packed.tokens_count;
     stats->truncated_items = trainer->packed.truncated;
-    stats->temperature_groups = layout->temperature_groups;
-    float scalars[2 * UFORM_MAX_TEMPERATURE_GROUPS];
-    replica->backend->download(replica->context, scalars, replica->weights + layout->tensors[layout->log_inverse_temperature].offset,
-                               layout->temperature_groups * sizeof(float));
-    replica->backend->download(replica->context, scalars + UFORM_MAX_TEMPERATURE_GROUPS,
-                               replica->weights + layout->tensors[layout->bias].offset,
-                               layout->temperature_groups * sizeof(float));
-    for (uint32_t g = 0; g != layout->temperature_groups; ++g)
-        stats->inverse_temperatures[g] = expf(scalars[g]), stats->biases[g] = scalars[UFORM_MAX_TEMPERATURE_GROUPS + g];
+    stats->masked_positions = masked_ran ? trainer->packed.masked_count : 0;
+    stats->contrastive_rows = contrastive_ran ? trainer->packed.contrastive_rows : 0;
+    stats->temperature_groups = groups;
+    for (uint32_t g = 0; g != groups; ++g)
+        stats->inverse_temperatures[g] = expf(scored[g]), stats->biases[g] = scored[groups + g];
+    return status;
 }
 
 static uint16_t uform_f32_to_f16(float value) {
@@ -185,9 +208,15 @@ static uform_status_t uform_embeddings_export(uform_replica_t const* replica, fl
                                               size_t hidden, int normalize, void* out, uform_scalar_t scalar,
                                               char const** error) {
     size_t count = items * hidden;
-    float* values = malloc(count * sizeof(float));
-    if (!values) return uform_fail(error, uform_status_out_of_memory_k, "no memory to export %zu embeddings", items);
-    replica->backend->download(replica->context, values, source, count * sizeof(float));
+    float* values = malloc(count * sizeof(float) + 1);
+    if (!values)
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory to export %zu embeddings (%zu bytes)", items,
+                          count * sizeof(float));
+    uform_status_t status = replica->backend->download(replica->context, values, source, count * sizeof(float));
+    if (status != uform_status_success_k) {
+        free(values);
+        return uform_fail(error, status, "%s", uform_message());
+    }
     if (normalize)
         for (size_t i = 0; i != items; ++i) {
             double norm = 0;
@@ -213,6 +242,12 @@ static size_t uform_scalar_bytes(uform_scalar_t scalar) {
     return scalar == uform_scalar_f32_k ? 4 : scalar == uform_scalar_i8_k ? 1 : 2;
 }
 
+/* An operation's failure carries its message in this thread's storage: hand it to the caller. */
+static uform_status_t uform_trainer_failed(uform_status_t status, char const** error) {
+    if (error) *error = uform_message();
+    return status;
+}
+
 /* Validates, packs and runs the passes; `update` decides whether the optimizer applies them. */
 static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
                                         char const** error) {
@@ -221,44 +256,58 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
         return uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
                           (int)step->embeddings_scalar);
     uint64_t next = trainer->step + 1;
-    uform_status_t status = uform_batch_pack(&trainer->packed, &trainer->config, step, next, error);
+    uform_status_t status = uform_batch_pack(&trainer->packed, &trainer->config, step, next, 0, error);
     if (status != uform_status_success_k) return status;
 
-    uform_losses_t losses;
     uform_replica_t* replica = &trainer->replica;
     uform_layout_t const* layout = &trainer->layout;
     uform_backend_t const* backend = replica->backend;
-    uform_model_gradients(replica, layout, &trainer->config, &trainer->packed, &losses);
-    uform_stats_fill(trainer, &step->stats, &losses);
+    uform_config_t const* config = &trainer->config;
+    uform_objective_t objective = config->given.objective;
+    int masked_ran = objective != uform_objective_contrastive_k && trainer->packed.masked_count;
+    int contrastive_ran = objective != uform_objective_masked_k && trainer->packed.contrastive_rows;
+    float rate = uform_schedule_rate(&config->given.schedule, next);
+    status = uform_model_gradients(replica, layout, config, &trainer->packed);
+    /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. */
+    if (status == uform_status_success_k && update && (masked_ran || contrastive_ran)) {
+        uform_update_t adamw = {.weights = replica->weights,
+                                .compute = backend->convert ? replica->compute : NULL,
+                                .gradients = replica->gradients,
+                                .first = replica->first,
+                                .second = replica->second,
+                                .scalars = replica->scalars,
+                                .learning_rate = rate,
+                                .beta1 = config->beta1,
+                                .beta2 = config->beta2,
+                                .epsilon = config->epsilon,
+                                .weight_decay = config->weight_decay,
+                                .clip_norm = config->clip_norm,
+                                .text_weight = config->given.masking.text_weight,
+                                .masked_ran = masked_ran,
+                                .contrastive_ran = contrastive_ran,
+                                .step = next};
+        status = backend->adamw(replica->context, &adamw);
+    }
+    if (status == uform_status_success_k) status = backend->synchronize(replica->context);
+    double scalars[uform_scalars_k];
+    if (status == uform_status_success_k)
+        status = uform_stats_fill(trainer, &step->stats, masked_ran, contrastive_ran, scalars);
+    if (status != uform_status_success_k) return uform_trainer_failed(status, error);
     if (step->embeddings) {
-        int contrastive = trainer->config.given.objective != uform_objective_masked_k;
+        int contrastive = contrastive_ran;
         status = uform_embeddings_export(replica, contrastive ? replica->normalized : replica->pooled,
                                          trainer->packed.segments_count, layout->hidden, !contrastive,
                                          step->embeddings, step->embeddings_scalar, error);
         if (status != uform_status_success_k) return status;
     }
-
-    double norm = sqrt(backend->sum_squares(replica->context, replica->gradients, layout->total));
-    float rate = uform_schedule_rate(&trainer->config.given.schedule, next);
-    step->stats.grad_norm = (float)norm;
     step->stats.learning_rate = rate;
     step->stats.step = trainer->step;
     if (!update) return uform_status_success_k;
-    /* A poisoned step changes nothing, so the next good batch trains as if this one never came. The
-       float values are the ones judged, as reported: a norm past the float range is as poisoned as inf. */
-    int ran = !isnan(losses.masked) || !isnan(losses.contrastive);
-    if (!isfinite(step->stats.grad_norm) || (ran && !isfinite(step->stats.loss))) {
+    /* The backend judged the same scalars with the same rule, so the update it skipped is the one reported. */
+    if (!(masked_ran || contrastive_ran) ||
+        uform_update_poisoned(scalars, masked_ran, contrastive_ran, config->given.masking.text_weight)) {
         step->stats.skipped = 1;
         return uform_status_success_k;
-    }
-    uform_config_t const* config = &trainer->config;
-    float scale = norm > config->clip_norm ? (float)(config->clip_norm / norm) : 1.0f;
-    for (size_t i = 0; i != layout->count; ++i) {
-        uform_tensor_t const* tensor = &layout->tensors[i];
-        backend->adamw(replica->context, replica->weights + tensor->offset, replica->gradients + tensor->offset,
-                       replica->first + tensor->offset, replica->second + tensor->offset, tensor->rows * tensor->cols,
-                       rate, config->beta1, config->beta2, config->epsilon, tensor->decays ? config->weight_decay : 0,
-                       scale, next);
     }
     trainer->step = next;
     step->stats.step = next;
@@ -280,9 +329,11 @@ uform_status_t uform_trainer_probe(uform_trainer_t handle, uform_trainer_step_t*
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
     status = uform_trainer_run(trainer, step, 0, error);
-    if (status == uform_status_success_k && gradients)
-        trainer->replica.backend->download(trainer->replica.context, gradients, trainer->replica.gradients,
-                                           trainer->layout.total * sizeof(float));
+    if (status == uform_status_success_k && gradients) {
+        status = trainer->replica.backend->download(trainer->replica.context, gradients, trainer->replica.gradients,
+                                                    trainer->layout.total * sizeof(float));
+        if (status != uform_status_success_k) uform_trainer_failed(status, error);
+    }
     uform_trainer_leave(trainer);
     return status;
 }
@@ -292,9 +343,11 @@ uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, siz
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
     if (total) *total = trainer->layout.total;
-    if (weights)
-        trainer->replica.backend->download(trainer->replica.context, weights, trainer->replica.weights,
-                                           trainer->layout.total * sizeof(float));
+    if (weights) {
+        status = trainer->replica.backend->download(trainer->replica.context, weights, trainer->replica.weights,
+                                                    trainer->layout.total * sizeof(float));
+        if (status != uform_status_success_k) uform_trainer_failed(status, error);
+    }
     uform_trainer_leave(trainer);
     return status;
 }
@@ -312,10 +365,14 @@ uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char
     if (!host) status = uform_fail(error, uform_status_out_of_memory_k, "no memory to stage %zu weights", total);
     else {
         uform_replica_t const* replica = &trainer->replica;
-        replica->backend->download(replica->context, host, replica->weights, total * sizeof(float));
-        replica->backend->download(replica->context, host + total, replica->first, total * sizeof(float));
-        replica->backend->download(replica->context, host + 2 * total, replica->second, total * sizeof(float));
-        status = uform_checkpoint_save(path, &trainer->layout, host, host + total, host + 2 * total, trainer->step,
+        uform_backend_t const* backend = replica->backend;
+        status = backend->download(replica->context, host, replica->weights, total * sizeof(float));
+        if (status == uform_status_success_k)
+            status = backend->download(replica->context, host + total, replica->first, total * sizeof(float));
+        if (status == uform_status_success_k)
+            status = backend->download(replica->context, host + 2 * total, replica->second, total * sizeof(float));
+        if (status != uform_status_success_k) uform_trainer_failed(status, error);
+        else status = uform_checkpoint_save(path, &trainer->layout, host, host + total, host + 2 * total, trainer->step,
                                        trainer->config_json, error);
         free(host);
     }
@@ -337,21 +394,29 @@ uform_status_t uform_trainer_embed(uform_trainer_t handle, uform_encoder_embed_t
     if (status != uform_status_success_k) return status;
     uform_batch_shape_t const* shape = &trainer->config.given.batch;
     size_t hidden = trainer->layout.hidden, count = embed->count;
+    embed->truncated_items = 0;
     /* First fit never leaves two rows half empty, so items filling at most half the rows always fit. */
     uint64_t budget = (uint64_t)shape->max_rows_per_device * shape->max_columns_per_row / 2;
     for (size_t first = 0; first < count && status == uform_status_success_k;) {
         size_t chunk = 0;
         uint64_t tokens = 0;
         while (first + chunk < count && chunk < shape->max_segments_per_device) {
-            uint64_t length = embed->contents.offsets[first + chunk + 1] - embed->contents.offsets[first + chunk];
+            uint64_t begin = embed->contents.offsets[first + chunk], end = embed->contents.offsets[first + chunk + 1];
+            uint64_t length = end > begin ? end - begin : 0; /* the packing below refuses what does not ascend */
             if (length > shape->max_columns_per_row) length = shape->max_columns_per_row;
             if (chunk && tokens + length > budget) break;
             tokens += length, ++chunk;
         }
-        uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk};
-        status = uform_batch_pack_plain(&trainer->packed, &trainer->config, embed->modalities + first, &part, error);
+        uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk, embed->contents.size};
+        status = uform_batch_pack_plain(&trainer->packed, &trainer->config, embed->modalities + first, &part, first,
+                                        error);
         if (status != uform_status_success_k) break;
-        uform_model_embed(&trainer->replica, &trainer->layout, &trainer->packed);
+        embed->truncated_items += trainer->packed.truncated;
+        status = uform_model_embed(&trainer->replica, &trainer->layout, &trainer->packed);
+        if (status != uform_status_success_k) {
+            uform_trainer_failed(status, error);
+            break;
+        }
         status = uform_embeddings_export(&trainer->replica, trainer->replica.pooled, chunk, hidden, 1,
                                          (char*)embed->embeddings + first * hidden * uform_scalar_bytes(embed->embeddings_scalar),
                                          embed->embeddings_scalar, error);

@@ -9,9 +9,9 @@
  *  update, so the bias corrections 1 - beta^step never vanish. Weight decay is decoupled and
  *  scaled by the learning rate; the core passes 0 for tensors that do not decay.
  */
-void uform_ram_adamw(void* context, float* weights, float const* gradients, float* first, float* second, size_t count,
-                     float learning_rate, float beta1, float beta2, float epsilon, float weight_decay,
-                     float gradient_scale, uint64_t step) {
+static void uform_ram_adamw_tensor(void* context, float* weights, float const* gradients, float* first, float* second,
+                                   size_t count, float learning_rate, float beta1, float beta2, float epsilon,
+                                   float weight_decay, float gradient_scale, uint64_t step) {
     float first_correction = (float)(1.0 / (1.0 - pow((double)beta1, (double)step)));
     float second_correction = (float)(1.0 / (1.0 - pow((double)beta2, (double)step)));
 #pragma omp parallel for simd num_threads(uform_ram_threads(context)) schedule(static)
@@ -30,7 +30,23 @@ void uform_ram_adamw(void* context, float* weights, float const* gradients, floa
  *  Sums 4096-element blocks in parallel, in double, and adds the blocks' sums in block order,
  *  a round of blocks at a time so the partial sums live on the stack.
  */
-double uform_ram_sum_squares(void* context, float const* x, size_t count) {
+uform_status_t uform_ram_adamw(void* context, uform_update_t const* u) {
+    if (uform_update_poisoned(u->scalars, u->masked_ran, u->contrastive_ran, u->text_weight))
+        return uform_status_success_k;
+    double norm = sqrt(u->scalars[uform_scalar_norm_squared_k]);
+    float scale = norm > u->clip_norm ? (float)(u->clip_norm / norm) : 1.0f;
+    uform_layout_t const* layout = ((uform_ram_context_t const*)context)->layout;
+    for (size_t i = 0; i != layout->count; ++i) {
+        uform_tensor_t const* tensor = &layout->tensors[i];
+        size_t at = tensor->offset;
+        uform_ram_adamw_tensor(context, u->weights + at, u->gradients + at, u->first + at, u->second + at,
+                               tensor->rows * tensor->cols, u->learning_rate, u->beta1, u->beta2, u->epsilon,
+                               tensor->decays ? u->weight_decay : 0, scale, u->step);
+    }
+    return uform_status_success_k;
+}
+
+uform_status_t uform_ram_sum_squares(void* context, double* sum, float const* x, size_t count) {
     enum { block = 4096, round = 1024 };
     double partials[round], total = 0;
     size_t blocks = (count + block - 1) / block;
@@ -46,5 +62,6 @@ double uform_ram_sum_squares(void* context, float const* x, size_t count) {
         }
         for (size_t index = 0; index < active; ++index) total += partials[index];
     }
-    return total;
+    *sum = total;
+    return uform_status_success_k;
 }

@@ -7,55 +7,33 @@
  *  segment, lse (heads, tokens) keeps each row's log-sum-exp so that the backward pass rebuilds
  *  the probabilities without storing them, as FlashAttention does.
  *
- *  Threads take (segment, head) pairs. Each walks its queries in blocks, so its scratch is one
- *  block of scores against the segment's keys, and every product goes through single-threaded
+ *  Threads take (segment, head) pairs. Each walks its queries in blocks, so its scratch, planned
+ *  with the context, is one block of scores against the longest item's keys, and every product goes through single-threaded
  *  sgemm straight on the strided rows of qkv: a pair's numbers never depend on the thread count.
  */
 #include <math.h>
 #include <omp.h>
-#include <stdlib.h>
 
 #include <cblas.h>
 
 #include "ram.h"
 
-enum { uform_ram_query_block_k = 128 };
-
 static float const uform_ram_attention_scale = 0.125f; /* 1 / sqrt(64) */
 
-/** The scratch one thread needs, in floats: one query block's scores per buffer, whole lines. */
-static size_t uform_ram_attention_scratch(uform_segment_t const* segments, size_t segments_count) {
-    size_t longest = 0;
-    for (size_t segment = 0; segment < segments_count; ++segment)
-        if (segments[segment].length > longest) longest = segments[segment].length;
-    return (size_t)uform_ram_query_block_k * ((longest + 15) / 16 * 16);
-}
-
-/** Without scratch the pass cannot run; NaN rows make the core skip the step instead of training on stale values. */
-static void uform_ram_attention_poison(float* rows, size_t width, uform_segment_t const* segments,
-                                       size_t segments_count) {
-    for (size_t segment = 0; segment < segments_count; ++segment)
-        for (size_t index = 0; index < (size_t)segments[segment].length * width; ++index)
-            rows[(size_t)segments[segment].start * width + index] = NAN;
-}
-
-void uform_ram_attention_forward(void* context, float* out, float* lse, float const* qkv,
-                                 uform_segment_t const* segments, size_t segments_count, size_t tokens,
-                                 size_t hidden) {
+uform_status_t uform_ram_attention_forward(void* context, void* out_, float* lse, void const* qkv_,
+                                           uform_items_t const* items, size_t tokens, size_t hidden) {
     uform_ram_blas_init();
+    uform_ram_context_t const* planned = context;
+    float* out = out_;
+    float const* qkv = qkv_;
+    uform_segment_t const* segments = items->segments;
+    size_t segments_count = items->count;
     int threads = uform_ram_threads(context);
     size_t heads = hidden / uform_head_width_k, stride = 3 * hidden;
-    size_t scratch = uform_ram_attention_scratch(segments, segments_count);
-    if (!scratch) return;
-    float* buffers = aligned_alloc(64, (size_t)threads * scratch * sizeof(float));
-    if (!buffers) {
-        uform_ram_attention_poison(out, hidden, segments, segments_count);
-        return;
-    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t pair = 0; pair < segments_count * heads; ++pair) {
         size_t head = pair % heads, start = segments[pair / heads].start, length = segments[pair / heads].length;
-        float* scores = buffers + (size_t)omp_get_thread_num() * scratch; /* (block, length) */
+        float* scores = planned->attention + (size_t)omp_get_thread_num() * planned->attention_floats; /* (block, length) */
         float const* queries = qkv + start * stride + head * uform_head_width_k;
         float const* keys = queries + hidden;
         float const* values = queries + 2 * hidden;
@@ -89,7 +67,7 @@ void uform_ram_attention_forward(void* context, float* out, float* lse, float co
             }
         }
     }
-    free(buffers);
+    return uform_status_success_k;
 }
 
 /**
@@ -97,26 +75,24 @@ void uform_ram_attention_forward(void* context, float* out, float* lse, float co
  *  dQ = dS K / 8 and dK = dS^T Q / 8. Keys and values collect over query blocks, so d_qkv is
  *  zeroed first and every product adds; rows no segment covers stay zero.
  */
-void uform_ram_attention_backward(void* context, float* d_qkv, float const* d_out, float const* out, float const* lse,
-                                  float const* qkv, uform_segment_t const* segments, size_t segments_count,
-                                  size_t tokens, size_t hidden) {
+uform_status_t uform_ram_attention_backward(void* context, void* d_qkv_, void const* d_out_, void const* out_,
+                                            float const* lse, void const* qkv_, uform_items_t const* items,
+                                            size_t tokens, size_t hidden) {
     uform_ram_blas_init();
+    uform_ram_context_t const* planned = context;
+    float* d_qkv = d_qkv_;
+    float const *d_out = d_out_, *out = out_, *qkv = qkv_;
+    uform_segment_t const* segments = items->segments;
+    size_t segments_count = items->count;
     int threads = uform_ram_threads(context);
     size_t heads = hidden / uform_head_width_k, stride = 3 * hidden;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t token = 0; token < tokens; ++token) memset(d_qkv + token * stride, 0, stride * sizeof(float));
-    size_t scratch = uform_ram_attention_scratch(segments, segments_count);
-    if (!scratch) return;
-    float* buffers = aligned_alloc(64, (size_t)threads * 2 * scratch * sizeof(float));
-    if (!buffers) {
-        uform_ram_attention_poison(d_qkv, stride, segments, segments_count);
-        return;
-    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t pair = 0; pair < segments_count * heads; ++pair) {
         size_t head = pair % heads, start = segments[pair / heads].start, length = segments[pair / heads].length;
-        float* probabilities = buffers + (size_t)omp_get_thread_num() * 2 * scratch; /* (block, length) */
-        float* d_scores = probabilities + scratch;                                    /* (block, length) */
+        float* probabilities = planned->attention + (size_t)omp_get_thread_num() * planned->attention_floats;
+        float* d_scores = probabilities + planned->attention_floats / 2; /* each (block, length) */
         size_t offset = start * stride + head * uform_head_width_k;
         float const* queries = qkv + offset;
         float const* keys = queries + hidden;
@@ -161,5 +137,5 @@ void uform_ram_attention_backward(void* context, float* d_qkv, float const* d_ou
                               (blasint)stride, 1.0f, d_keys, (blasint)stride);
         }
     }
-    free(buffers);
+    return uform_status_success_k;
 }

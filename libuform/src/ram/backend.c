@@ -1,51 +1,110 @@
 /**
  *  @file   backend.c
- *  @brief  The CPU backend's memory, which is plain host memory, and its table of operations.
+ *  @brief  The CPU backend's devices, contexts and memory, which is plain host memory, and its
+ *          table of operations.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ram.h"
 
-void* uform_ram_allocate(void* context, size_t bytes) {
-    (void)context;
-    /* Whole cache lines: `aligned_alloc` wants a multiple of the alignment, and vector loops
-     * may read a tensor's last line in full. A zero-byte request still gets a distinct pointer. */
+static uform_status_t uform_ram_device_open(uint32_t threads, void** device) {
+    uform_ram_device_t* made = malloc(sizeof(uform_ram_device_t));
+    if (!made) return uform_fail(NULL, uform_status_out_of_memory_k, "no memory for a RAM device");
+    made->threads = threads ? (int)threads : 1;
+    *device = made;
+    return uform_status_success_k;
+}
+
+static void uform_ram_device_close(void* device) { free(device); }
+
+/* Whole cache lines: vector loops may read a buffer's last line in full. A zero-byte request still
+   gets a distinct pointer. */
+static void* uform_ram_lines(size_t bytes) {
     size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64;
-    if (rounded < bytes) return NULL;
-    void* pointer = aligned_alloc(64, rounded);
-    if (pointer) memset(pointer, 0, rounded);
+    void* pointer = NULL;
+    if (rounded < bytes || posix_memalign(&pointer, 64, rounded)) return NULL;
+    memset(pointer, 0, rounded);
     return pointer;
 }
 
-void uform_ram_release(void* context, void* pointer) {
+static void uform_ram_context_destroy(void* context) {
+    uform_ram_context_t* made = context;
+    if (!made) return;
+    free(made->attention), free(made->contrastive), free(made->lists);
+    free(made);
+}
+
+static uform_status_t uform_ram_context_create(void* device, uform_plan_t const* plan, void** context) {
+    int threads = ((uform_ram_device_t const*)device)->threads;
+    uform_ram_context_t* made = calloc(1, sizeof(uform_ram_context_t));
+    if (!made) return uform_fail(NULL, uform_status_out_of_memory_k, "no memory for a RAM context");
+    made->threads = threads, made->layout = plan->layout;
+    made->items = plan->segments, made->hidden = plan->hidden;
+    made->attention_floats = 2 * uform_ram_attention_block(plan->columns);
+    size_t attention = (size_t)threads * made->attention_floats * sizeof(float);
+    size_t contrastive = plan->contrastive ? uform_ram_contrastive_doubles(plan->segments, plan->hidden, threads) * sizeof(double) : 0;
+    size_t lists = plan->contrastive ? 2 * plan->segments * (size_t)threads * sizeof(uint32_t) : 0;
+    made->attention = uform_ram_lines(attention);
+    made->contrastive = uform_ram_lines(contrastive);
+    made->lists = uform_ram_lines(lists);
+    if (!made->attention || !made->contrastive || !made->lists) {
+        uform_ram_context_destroy(made);
+        return uform_fail(NULL, uform_status_out_of_memory_k, "no memory for the CPU backend's scratch: %zu bytes",
+                          attention + contrastive + lists);
+    }
+    *context = made;
+    return uform_status_success_k;
+}
+
+static uform_status_t uform_ram_synchronize(void* context) {
+    (void)context;
+    return uform_status_success_k;
+}
+
+static size_t uform_ram_statistics_floats(uform_plan_t const* plan) { return plan->heads * plan->tokens; }
+
+static uform_status_t uform_ram_allocate(void* context, size_t bytes, void** pointer) {
+    (void)context;
+    *pointer = uform_ram_lines(bytes);
+    return *pointer ? uform_status_success_k
+                    : uform_fail(NULL, uform_status_out_of_memory_k, "no memory for %zu bytes", bytes);
+}
+
+static void uform_ram_release(void* context, void* pointer) {
     (void)context;
     free(pointer);
 }
 
-void uform_ram_upload(void* context, void* destination, void const* source, size_t bytes) {
+static uform_status_t uform_ram_transfer(void* context, void* destination, void const* source, size_t bytes) {
     (void)context;
     if (bytes) memcpy(destination, source, bytes);
+    return uform_status_success_k;
 }
 
-void uform_ram_download(void* context, void* destination, void const* source, size_t bytes) {
-    (void)context;
-    if (bytes) memcpy(destination, source, bytes);
-}
-
-void uform_ram_zero(void* context, void* destination, size_t bytes) {
+static uform_status_t uform_ram_zero(void* context, void* destination, size_t bytes) {
     (void)context;
     if (bytes) memset(destination, 0, bytes);
+    return uform_status_success_k;
 }
 
 uform_backend_t const uform_ram_backend = {
     .name = "ram",
+    .activations = uform_element_f32_k,
+    .device_open = uform_ram_device_open,
+    .device_close = uform_ram_device_close,
+    .context_create = uform_ram_context_create,
+    .context_destroy = uform_ram_context_destroy,
+    .synchronize = uform_ram_synchronize,
+    .statistics_floats = uform_ram_statistics_floats,
     .allocate = uform_ram_allocate,
     .release = uform_ram_release,
-    .upload = uform_ram_upload,
-    .download = uform_ram_download,
+    .host_allocate = uform_ram_allocate, /* host memory is the device's */
+    .host_release = uform_ram_release,
+    .upload = uform_ram_transfer,
+    .download = uform_ram_transfer,
+    .copy = uform_ram_transfer,
     .zero = uform_ram_zero,
-    .copy = uform_ram_upload, /* host memory: a copy within the backend is the same memcpy */
     .matmul = uform_ram_matmul,
     .embedding_forward = uform_ram_embedding_forward,
     .embedding_backward = uform_ram_embedding_backward,

@@ -10,7 +10,6 @@
  */
 #include <math.h>
 #include <omp.h>
-#include <stdlib.h>
 
 #include "ram.h"
 
@@ -82,11 +81,17 @@ static double uform_ram_contrastive_row(uform_pair_loss_form_t form, double cons
     return loss;
 }
 
-double uform_ram_contrastive(void* context, float* d_pooled, float* d_log_inverse_temperature, float* d_bias,
-                             float* normalized, float const* pooled, float const* log_inverse_temperature,
-                             float const* bias, uint8_t const* cells, float const* weights, uint32_t const* groups,
-                             size_t items, size_t hidden, uform_contrastive_setup_t const* setup, float scale) {
+uform_status_t uform_ram_contrastive(void* context, double* loss_out, float* d_pooled, float* d_log_inverse_temperature,
+                                     float* d_bias, float* normalized, float const* pooled,
+                                     float const* log_inverse_temperature, float const* bias, uint8_t const* cells,
+                                     float const* weights, uint32_t const* groups, size_t items, size_t hidden,
+                                     uform_contrastive_setup_t const* setup, float scale) {
+    uform_ram_context_t const* planned = context;
     int threads = uform_ram_threads(context);
+    if (items > planned->items || hidden != planned->hidden)
+        return uform_fail(NULL, uform_status_invalid_argument_k,
+                          "contrastive: %zu items of %zu planned, hidden %zu of %zu planned", items, planned->items,
+                          hidden, planned->hidden);
     uform_pair_loss_form_t form = setup->form;
 
     /* normalized (items, hidden): the full-width unit embeddings, whatever the prefixes. */
@@ -99,14 +104,8 @@ double uform_ram_contrastive(void* context, float* d_pooled, float* d_log_invers
     }
 
     size_t row_width = items > hidden ? items : hidden; /* a row of cosines or one embedding's gradient */
-    double* memory = malloc(sizeof(double) * (2 * items * hidden + items * items + 6 * items + threads * row_width));
-    uint32_t* lists = malloc(sizeof(uint32_t) * 2 * items * (size_t)threads);
-    if (!memory || !lists) {
-        free(memory);
-        free(lists);
-        return NAN;
-    }
-    double* embeddings = memory;                         /* (items, m): this prefix's z */
+    double* embeddings = planned->contrastive;           /* planned for the capacity: uform_ram_contrastive_doubles */
+    uint32_t* lists = planned->lists;                         /* (items, m): this prefix's z */
     double* d_pooled_sums = embeddings + items * hidden; /* (items, hidden) */
     double* coupling = d_pooled_sums + items * hidden;   /* (items, items): scale * t * dL_i / ds_ij */
     double* inverse_norms = coupling + items * items;    /* (items) */
@@ -133,9 +132,8 @@ double uform_ram_contrastive(void* context, float* d_pooled, float* d_log_invers
     for (size_t i = 0; i < items; ++i) counting += (size_t)uform_ram_row_counts(form, attract_sums[i], repel_sums[i]);
     size_t dimensions = setup->dimensions_count;
     if (!counting || !dimensions) {
-        free(memory);
-        free(lists);
-        return NAN;
+        *loss_out = NAN;
+        return uform_status_success_k;
     }
     double coefficient = (double)scale / ((double)dimensions * (double)counting);
 
@@ -223,7 +221,6 @@ double uform_ram_contrastive(void* context, float* d_pooled, float* d_log_invers
         d_log_inverse_temperature[group] += (float)d_temperatures[group];
         d_bias[group] += (float)d_biases[group];
     }
-    free(memory);
-    free(lists);
-    return total / (double)dimensions;
+    *loss_out = total / (double)dimensions;
+    return uform_status_success_k;
 }

@@ -5,9 +5,14 @@
  */
 #include "ram.h"
 
-double uform_ram_cross_entropy(void* context, float* d_logits, float const* logits, uint32_t const* targets,
-                               size_t count, size_t classes, float scale) {
-    if (!count) return NAN;
+uform_status_t uform_ram_cross_entropy(void* context, double* loss, void* d_logits_, void const* logits_,
+                                       uint32_t const* targets, size_t count, size_t classes, float scale) {
+    float* d_logits = d_logits_;
+    float const* logits = logits_;
+    if (!count) {
+        *loss = NAN;
+        return uform_status_success_k;
+    }
     /* Rows run in parallel a round at a time and their losses are summed in row order after
      * each round: one order of addition whatever the thread count, and no allocation. */
     enum { round = 1024 };
@@ -36,5 +41,6 @@ double uform_ram_cross_entropy(void* context, float* d_logits, float const* logi
         }
         for (size_t index = 0; index < rows; ++index) total += losses[index];
     }
-    return total / (double)count;
+    *loss = total / (double)count;
+    return uform_status_success_k;
 }

@@ -4,29 +4,32 @@
  */
 #include "ram.h"
 
-void uform_ram_embedding_forward(void* context, float* out, float const* table, uint32_t const* ids, size_t tokens,
-                                 size_t hidden) {
+uform_status_t uform_ram_embedding_forward(void* context, void* out, void const* table, uint32_t const* ids,
+                                           size_t tokens, size_t hidden) {
+    float* rows = out;
+    float const* vectors = table;
 #pragma omp parallel for num_threads(uform_ram_threads(context)) schedule(static)
     for (size_t token = 0; token < tokens; ++token)
-        memcpy(out + token * hidden, table + (size_t)ids[token] * hidden, hidden * sizeof(float));
+        memcpy(rows + token * hidden, vectors + (size_t)ids[token] * hidden, hidden * sizeof(float));
+    return uform_status_success_k;
 }
 
 /**
- *  Many tokens share a vocabulary row, so threads split the columns, in whole cache lines, and
- *  each walks every token in order: each sum has one order whatever the thread count.
+ *  Threads split the vocabulary's rows; each row adds its tokens' gradients in the order the core
+ *  listed them (ascending token index), whatever the thread count.
  */
-void uform_ram_embedding_backward(void* context, float* d_table, float const* d_out, uint32_t const* ids,
-                                  size_t tokens, size_t hidden, size_t vocabulary) {
-    enum { line = 16 };
-    size_t lines = (hidden + line - 1) / line;
-#pragma omp parallel for num_threads(uform_ram_threads(context)) schedule(static)
-    for (size_t index = 0; index < lines; ++index) {
-        size_t first = index * line, last = first + line < hidden ? first + line : hidden;
-        for (size_t token = 0; token < tokens; ++token) {
-            if (ids[token] >= vocabulary) continue; /* never write outside the table */
-            float* restrict row = d_table + (size_t)ids[token] * hidden;
-            float const* restrict gradient = d_out + token * hidden;
-            for (size_t column = first; column < last; ++column) row[column] += gradient[column];
+uform_status_t uform_ram_embedding_backward(void* context, float* d_table, void const* d_out, uint32_t const* order,
+                                            uint32_t const* order_offsets, size_t tokens, size_t hidden,
+                                            size_t vocabulary) {
+    float const* gradients = d_out;
+    (void)tokens;
+#pragma omp parallel for num_threads(uform_ram_threads(context)) schedule(dynamic, 4)
+    for (size_t id = 0; id < vocabulary; ++id) {
+        float* restrict row = d_table + id * hidden;
+        for (uint32_t index = order_offsets[id]; index < order_offsets[id + 1]; ++index) {
+            float const* restrict gradient = gradients + (size_t)order[index] * hidden;
+            for (size_t column = 0; column < hidden; ++column) row[column] += gradient[column];
         }
     }
+    return uform_status_success_k;
 }

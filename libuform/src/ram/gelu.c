@@ -10,17 +10,22 @@
 static float const uform_ram_gelu_root = 0.7978845608f; /* sqrt(2 / pi) */
 static float const uform_ram_gelu_cubic = 0.044715f;
 
-void uform_ram_gelu_forward(void* context, float* out, float const* in, size_t count) {
+uform_status_t uform_ram_gelu_forward(void* context, void* out_, void const* in_, size_t count) {
+    float* out = out_;
+    float const* in = in_;
 #pragma omp parallel for simd num_threads(uform_ram_threads(context)) schedule(static)
     for (size_t index = 0; index < count; ++index) {
         float x = in[index];
         float inner = uform_ram_gelu_root * (x + uform_ram_gelu_cubic * x * x * x);
         out[index] = x / (1.0f + uform_ram_exp(-2.0f * inner));
     }
+    return uform_status_success_k;
 }
 
 /** d_in = d_out * (s + x s (1 - s) 2 du/dx) with s = sigmoid(2u); written, not accumulated. */
-void uform_ram_gelu_backward(void* context, float* d_in, float const* d_out, float const* in, size_t count) {
+uform_status_t uform_ram_gelu_backward(void* context, void* d_in_, void const* d_out_, void const* in_, size_t count) {
+    float* d_in = d_in_;
+    float const *d_out = d_out_, *in = in_;
 #pragma omp parallel for simd num_threads(uform_ram_threads(context)) schedule(static)
     for (size_t index = 0; index < count; ++index) {
         float x = in[index];
@@ -29,4 +34,5 @@ void uform_ram_gelu_backward(void* context, float* d_in, float const* d_out, flo
         float gate = 1.0f / (1.0f + uform_ram_exp(-2.0f * inner));
         d_in[index] = d_out[index] * (gate + 2.0f * x * gate * (1.0f - gate) * slope);
     }
+    return uform_status_success_k;
 }

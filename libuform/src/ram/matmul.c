@@ -1,6 +1,6 @@
 /**
  *  @file   matmul.c
- *  @brief  c (m, n) = a (m, k) x b (k, n) + beta c through OpenBLAS, row-major.
+ *  @brief  d (m, n) = a (m, k) x b (k, n) [+ c] through OpenBLAS, row-major.
  *
  *  OpenBLAS runs single-threaded and our OpenMP threads each take one block of `c`: rows when
  *  `m` is the larger side, columns otherwise, so every block keeps a long side for the kernel.
@@ -21,10 +21,15 @@ static void uform_ram_blas_single_threaded(void) { scipy_openblas_set_num_thread
 
 void uform_ram_blas_init(void) { pthread_once(&uform_ram_blas_once, uform_ram_blas_single_threaded); }
 
-void uform_ram_matmul(void* context, float* c, float const* a, float const* b, size_t m, size_t n, size_t k,
-                      int a_transposed, int b_transposed, float beta) {
-    if (!m || !n) return;
+uform_status_t uform_ram_matmul(void* context, void* d, void const* c, void const* a_, void const* b_, size_t m,
+                                size_t n, size_t k, int a_transposed, int b_transposed, uform_element_t d_element) {
+    (void)d_element; /* every element is a float here */
+    if (!m || !n) return uform_status_success_k;
     uform_ram_blas_init();
+    float const *a = a_, *b = b_;
+    float* out = d;
+    if (c && c != d) memcpy(out, c, m * n * sizeof(float)); /* a residual: added in place by beta = 1 */
+    float beta = c ? 1.0f : 0.0f;
     int threads = uform_ram_threads(context);
     int by_rows = m >= n;
     size_t side = by_rows ? m : n;
@@ -43,11 +48,12 @@ void uform_ram_matmul(void* context, float* c, float const* a, float const* b, s
         if (by_rows) {
             float const* a_block = a + (a_transposed ? first : first * k);
             scipy_cblas_sgemm(CblasRowMajor, a_op, b_op, (blasint)count, (blasint)n, (blasint)k, 1.0f, a_block, lda, b,
-                              ldb, beta, c + first * n, (blasint)n);
+                              ldb, beta, out + first * n, (blasint)n);
         } else {
             float const* b_block = b + (b_transposed ? first * k : first);
             scipy_cblas_sgemm(CblasRowMajor, a_op, b_op, (blasint)m, (blasint)count, (blasint)k, 1.0f, a, lda, b_block,
-                              ldb, beta, c + first, (blasint)n);
+                              ldb, beta, out + first, (blasint)n);
         }
     }
+    return uform_status_success_k;
 }

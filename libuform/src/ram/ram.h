@@ -2,7 +2,8 @@
  *  @file   ram.h
  *  @brief  The CPU reference backend's operations, one file each, wired into `uform_ram_backend`.
  *
- *  Every `void* context` is a `uform_ram_context_t`. Parallel loops split work so that each
+ *  Every `void* context` is a `uform_ram_context_t`; activations are float32, so every `void*`
+ *  buffer holds floats. Parallel loops split work so that each
  *  output element is computed by one thread in a fixed order: results never depend on the
  *  thread count, except the matrix products' last bits (`matmul.c` says why).
  */
@@ -11,12 +12,39 @@
 
 #include <string.h>
 
-#include "internal.h"
+#include "backend.h"
+
+/** A RAM device is a thread count. */
+typedef struct uform_ram_device_t {
+    int threads;
+} uform_ram_device_t;
+
+/** One replica's context: its threads and the scratch its operations were planned with. */
+typedef struct uform_ram_context_t {
+    int threads;
+    uform_layout_t const* layout;
+    float* attention;         /* (threads, attention_floats) one query block's scores per thread, twice */
+    size_t attention_floats;
+    double* contrastive;      /* the contrastive term's rows, sized for `items` x `hidden` */
+    uint32_t* lists;          /* (threads, 2 items) positives and negatives of a row */
+    size_t items, hidden;
+} uform_ram_context_t;
 
 /** Threads a parallel loop may use; a context asking for none still gets one. */
 static inline int uform_ram_threads(void* context) {
     int threads = ((uform_ram_context_t const*)context)->threads;
     return threads > 0 ? threads : 1;
+}
+
+enum { uform_ram_query_block_k = 128 }; /* queries one attention pass scores at once */
+
+/** Floats of one attention buffer: a query block's scores against the longest item, in whole lines. */
+static inline size_t uform_ram_attention_block(size_t columns) { return uform_ram_query_block_k * ((columns + 15) / 16 * 16); }
+
+/** Doubles of the contrastive term's scratch for `items` x `hidden` and `threads` threads. */
+static inline size_t uform_ram_contrastive_doubles(size_t items, size_t hidden, int threads) {
+    size_t row_width = items > hidden ? items : hidden;
+    return 2 * items * hidden + items * items + 6 * items + (size_t)threads * row_width;
 }
 
 /**
@@ -38,9 +66,9 @@ static inline float uform_ram_exp(float x) {
     float n = shifted - 12582912.0f;
     float r = (x - n * 0.693145752f) - n * 1.42860682e-6f; /* ln 2 split in two keeps r exact */
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    int32_t bits;
+    uint32_t bits; /* unsigned: a NaN's bits shift without undefined behaviour, and its p stays NaN */
     memcpy(&bits, &shifted, sizeof bits);
-    bits = (bits - 0x4B400000 + 127) << 23; /* 2^n */
+    bits = (bits - 0x4B400000u + 127u) << 23; /* 2^n */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
@@ -49,58 +77,43 @@ static inline float uform_ram_exp(float x) {
 /** Makes OpenBLAS single-threaded, once: our own threads split every product. */
 void uform_ram_blas_init(void);
 
-void* uform_ram_allocate(void* context, size_t bytes);
-void uform_ram_release(void* context, void* pointer);
-void uform_ram_upload(void* context, void* destination, void const* source, size_t bytes);
-void uform_ram_download(void* context, void* destination, void const* source, size_t bytes);
-void uform_ram_zero(void* context, void* destination, size_t bytes);
-
-void uform_ram_matmul(void* context, float* c, float const* a, float const* b, size_t m, size_t n, size_t k,
-                      int a_transposed, int b_transposed, float beta);
-
-void uform_ram_embedding_forward(void* context, float* out, float const* table, uint32_t const* ids, size_t tokens,
-                                 size_t hidden);
-void uform_ram_embedding_backward(void* context, float* d_table, float const* d_out, uint32_t const* ids,
-                                  size_t tokens, size_t hidden, size_t vocabulary);
-
-void uform_ram_rmsnorm_forward(void* context, float* out, float* rstd, float const* x, float const* gain,
-                               size_t tokens, size_t hidden);
-void uform_ram_rmsnorm_backward(void* context, float* d_x, float* d_gain, float const* d_out, float const* x,
-                                float const* gain, float const* rstd, size_t tokens, size_t hidden);
-
-void uform_ram_rope_forward(void* context, float* qkv, uint32_t const* positions, size_t tokens, size_t hidden);
-void uform_ram_rope_backward(void* context, float* d_qkv, uint32_t const* positions, size_t tokens, size_t hidden);
-
-void uform_ram_attention_forward(void* context, float* out, float* lse, float const* qkv,
-                                 uform_segment_t const* segments, size_t segments_count, size_t tokens,
-                                 size_t hidden);
-void uform_ram_attention_backward(void* context, float* d_qkv, float const* d_out, float const* out, float const* lse,
-                                  float const* qkv, uform_segment_t const* segments, size_t segments_count,
-                                  size_t tokens, size_t hidden);
-
-void uform_ram_gelu_forward(void* context, float* out, float const* in, size_t count);
-void uform_ram_gelu_backward(void* context, float* d_in, float const* d_out, float const* in, size_t count);
-
-void uform_ram_gather_rows(void* context, float* out, float const* in, uint32_t const* rows, size_t count,
-                           size_t width);
-void uform_ram_scatter_rows(void* context, float* d_in, float const* d_out, uint32_t const* rows, size_t count,
-                            size_t width);
-void uform_ram_pool_forward(void* context, float* pooled, float const* states, uform_segment_t const* segments,
-                            size_t segments_count, size_t hidden);
-void uform_ram_pool_backward(void* context, float* d_states, float const* d_pooled, uform_segment_t const* segments,
-                             size_t segments_count, size_t hidden);
-
-double uform_ram_cross_entropy(void* context, float* d_logits, float const* logits, uint32_t const* targets,
-                               size_t count, size_t classes, float scale);
-
-double uform_ram_contrastive(void* context, float* d_pooled, float* d_log_inverse_temperature, float* d_bias,
-                             float* normalized, float const* pooled, float const* log_inverse_temperature,
-                             float const* bias, uint8_t const* cells, float const* weights, uint32_t const* groups,
-                             size_t items, size_t hidden, uform_contrastive_setup_t const* setup, float scale);
-
-double uform_ram_sum_squares(void* context, float const* x, size_t count);
-void uform_ram_adamw(void* context, float* weights, float const* gradients, float* first, float* second, size_t count,
-                     float learning_rate, float beta1, float beta2, float epsilon, float weight_decay,
-                     float gradient_scale, uint64_t step);
+uform_status_t uform_ram_matmul(void* context, void* d, void const* c, void const* a, void const* b, size_t m,
+                                size_t n, size_t k, int a_transposed, int b_transposed, uform_element_t d_element);
+uform_status_t uform_ram_embedding_forward(void* context, void* out, void const* table, uint32_t const* ids,
+                                           size_t tokens, size_t hidden);
+uform_status_t uform_ram_embedding_backward(void* context, float* d_table, void const* d_out, uint32_t const* order,
+                                            uint32_t const* order_offsets, size_t tokens, size_t hidden,
+                                            size_t vocabulary);
+uform_status_t uform_ram_rmsnorm_forward(void* context, void* out, float* rstd, void const* x, float const* gain,
+                                         size_t tokens, size_t hidden);
+uform_status_t uform_ram_rmsnorm_backward(void* context, void* d_x, float* d_gain, void const* d_out, void const* x,
+                                          float const* gain, float const* rstd, size_t tokens, size_t hidden);
+uform_status_t uform_ram_rope_forward(void* context, void* qkv, uint32_t const* positions, size_t tokens, size_t hidden);
+uform_status_t uform_ram_rope_backward(void* context, void* d_qkv, uint32_t const* positions, size_t tokens,
+                                       size_t hidden);
+uform_status_t uform_ram_attention_forward(void* context, void* out, float* lse, void const* qkv,
+                                           uform_items_t const* items, size_t tokens, size_t hidden);
+uform_status_t uform_ram_attention_backward(void* context, void* d_qkv, void const* d_out, void const* out,
+                                            float const* lse, void const* qkv, uform_items_t const* items,
+                                            size_t tokens, size_t hidden);
+uform_status_t uform_ram_gelu_forward(void* context, void* out, void const* in, size_t count);
+uform_status_t uform_ram_gelu_backward(void* context, void* d_in, void const* d_out, void const* in, size_t count);
+uform_status_t uform_ram_gather_rows(void* context, void* out, void const* in, uint32_t const* rows, size_t count,
+                                     size_t width);
+uform_status_t uform_ram_scatter_rows(void* context, void* d_in, void const* d_out, uint32_t const* rows, size_t count,
+                                      size_t width);
+uform_status_t uform_ram_pool_forward(void* context, float* pooled, void const* states, uform_items_t const* items,
+                                      size_t hidden);
+uform_status_t uform_ram_pool_backward(void* context, void* d_states, float const* d_pooled,
+                                       uform_items_t const* items, size_t hidden);
+uform_status_t uform_ram_cross_entropy(void* context, double* loss, void* d_logits, void const* logits,
+                                       uint32_t const* targets, size_t count, size_t classes, float scale);
+uform_status_t uform_ram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
+                                     float* d_bias, float* normalized, float const* pooled,
+                                     float const* log_inverse_temperature, float const* bias, uint8_t const* cells,
+                                     float const* weights, uint32_t const* groups, size_t items, size_t hidden,
+                                     uform_contrastive_setup_t const* setup, float scale);
+uform_status_t uform_ram_sum_squares(void* context, double* sum, float const* x, size_t count);
+uform_status_t uform_ram_adamw(void* context, uform_update_t const* update);
 
 #endif /* UFORM_RAM_H_ */

@@ -4,8 +4,10 @@
  */
 #include "ram.h"
 
-void uform_ram_rmsnorm_forward(void* context, float* out, float* rstd, float const* x, float const* gain,
-                               size_t tokens, size_t hidden) {
+uform_status_t uform_ram_rmsnorm_forward(void* context, void* out_, float* rstd, void const* x_, float const* gain,
+                                         size_t tokens, size_t hidden) {
+    float* out = out_;
+    float const* x = x_;
 #pragma omp parallel for num_threads(uform_ram_threads(context)) schedule(static)
     for (size_t token = 0; token < tokens; ++token) {
         float const* restrict row = x + token * hidden;
@@ -17,6 +19,7 @@ void uform_ram_rmsnorm_forward(void* context, float* out, float* rstd, float con
         rstd[token] = inverse;
         for (size_t column = 0; column < hidden; ++column) result[column] = row[column] * inverse * gain[column];
     }
+    return uform_status_success_k;
 }
 
 /**
@@ -24,8 +27,10 @@ void uform_ram_rmsnorm_forward(void* context, float* out, float* rstd, float con
  *  of d_out * x * rstd. The gain's sum runs over tokens, so threads split its columns in whole
  *  cache lines and walk the tokens in order, keeping one order whatever the thread count.
  */
-void uform_ram_rmsnorm_backward(void* context, float* d_x, float* d_gain, float const* d_out, float const* x,
-                                float const* gain, float const* rstd, size_t tokens, size_t hidden) {
+uform_status_t uform_ram_rmsnorm_backward(void* context, void* d_x_, float* d_gain, void const* d_out_, void const* x_,
+                                          float const* gain, float const* rstd, size_t tokens, size_t hidden) {
+    float* d_x = d_x_;
+    float const *d_out = d_out_, *x = x_;
     int threads = uform_ram_threads(context);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t token = 0; token < tokens; ++token) {
@@ -57,4 +62,5 @@ void uform_ram_rmsnorm_backward(void* context, float* d_x, float* d_gain, float 
         }
         for (size_t column = 0; column < width; ++column) d_gain[first + column] += (float)sums[column];
     }
+    return uform_status_success_k;
 }

@@ -11,7 +11,7 @@
 enum { uform_ram_rope_pairs_k = uform_head_width_k / 2 };
 
 /** Rotates by +angle (`sign` 1) or by -angle, the transpose, for the gradients (`sign` -1). */
-static void uform_ram_rope_rotate(void* context, float* qkv, uint32_t const* positions, size_t tokens,
+static uform_status_t uform_ram_rope_rotate(void* context, float* qkv, uint32_t const* positions, size_t tokens,
                                   size_t hidden, double sign) {
     double frequencies[uform_ram_rope_pairs_k];
     for (int pair = 0; pair < uform_ram_rope_pairs_k; ++pair)
@@ -35,12 +35,14 @@ static void uform_ram_rope_rotate(void* context, float* qkv, uint32_t const* pos
             }
         }
     }
+    return uform_status_success_k;
 }
 
-void uform_ram_rope_forward(void* context, float* qkv, uint32_t const* positions, size_t tokens, size_t hidden) {
-    uform_ram_rope_rotate(context, qkv, positions, tokens, hidden, 1.0);
+uform_status_t uform_ram_rope_forward(void* context, void* qkv, uint32_t const* positions, size_t tokens, size_t hidden) {
+    return uform_ram_rope_rotate(context, qkv, positions, tokens, hidden, 1.0);
 }
 
-void uform_ram_rope_backward(void* context, float* d_qkv, uint32_t const* positions, size_t tokens, size_t hidden) {
-    uform_ram_rope_rotate(context, d_qkv, positions, tokens, hidden, -1.0);
+uform_status_t uform_ram_rope_backward(void* context, void* d_qkv, uint32_t const* positions, size_t tokens,
+                                       size_t hidden) {
+    return uform_ram_rope_rotate(context, d_qkv, positions, tokens, hidden, -1.0);
 }

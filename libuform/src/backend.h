@@ -1,0 +1,287 @@
+/**
+ *  @file   backend.h
+ *  @brief  The contract between the shared core and a backend: what a backend's table of
+ *          operations takes, in which precision, and how it fails.
+ *
+ *  The core (`model.c`) describes the model once as a sequence of these operations; a backend
+ *  (`ram/`, the CPU reference, or `vram/`, CUDA) implements them over its own memory. The core
+ *  never reads a backend's buffers except through `download`.
+ *
+ *  @section  Precision
+ *
+ *  Master weights, their gradients and AdamW's moments are float32 everywhere. Activations, and
+ *  the "compute" copy of the weights that matrix products read, are of the backend's
+ *  `activations` element type: float32 on the CPU, bfloat16 on the GPU. Statistics that a
+ *  backward pass rereads (RMSNorm's reciprocal roots, attention's log-sum-exps), pooled
+ *  embeddings and their gradients are float32. Losses and the gradient's squared norm are
+ *  reduced on the device into `double` scalars that the core reads once, after the step.
+ *  Buffers of the activation type are `void*`; `float*` is always float32.
+ *
+ *  @section  Failures
+ *
+ *  Every operation returns a status. On failure it has formatted its message with `uform_fail`
+ *  (the core's, handed to a backend loaded at run time), and the core stops the pass and hands
+ *  the message to the verb's caller. A backend that runs asynchronously may report a kernel's
+ *  failure later, from `synchronize`.
+ *
+ *  @section  Scratch
+ *
+ *  A context is made for one replica with the capacities it will ever see (`uform_plan_t`), and
+ *  takes every scratch buffer its operations need then: no operation allocates, so a step never
+ *  runs out of memory half-way.
+ */
+#ifndef UFORM_BACKEND_H_
+#define UFORM_BACKEND_H_
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum uform_element_t {
+    uform_element_f32_k = 0,
+    uform_element_bf16_k = 1,
+} uform_element_t;
+
+static inline size_t uform_element_bytes(uform_element_t element) { return element == uform_element_f32_k ? 4 : 2; }
+
+/** The capacities a replica's context is planned for, and the model it runs. */
+typedef struct uform_plan_t {
+    size_t tokens;   /* token positions per step: rows x columns */
+    size_t segments; /* items per step */
+    size_t columns;  /* the longest an item can be */
+    size_t hidden, heads;
+    int contrastive;              /* whether the contrastive term runs, and needs its scratch */
+    uform_layout_t const* layout; /* the parameters AdamW walks */
+} uform_plan_t;
+
+/** The items of one step: where each sits in the packed stream, on the device and on the host. */
+typedef struct uform_items_t {
+    uform_segment_t const* segments;      /* (count) in the backend's memory */
+    uform_segment_t const* host_segments; /* (count) the same, in host memory */
+    size_t count;
+    size_t longest; /* tokens of the longest item */
+} uform_items_t;
+
+/** Slots of the step's `double` scalars, reduced on the device and read once per step. */
+enum {
+    uform_scalar_masked_loss_k = 0,      /* mean cross-entropy over masked positions, unweighted */
+    uform_scalar_contrastive_loss_k = 1, /* the contrastive term; NaN when no row counted */
+    uform_scalar_norm_squared_k = 2,     /* the global gradient's squared norm */
+    uform_scalars_k = 4,
+};
+
+/** The contrastive term's settings, as the backend's loss operation reads them. */
+typedef struct uform_contrastive_setup_t {
+    uform_pair_loss_form_t form; /* never `derived`: the core resolves it */
+    size_t dimensions_count;
+    uint32_t dimensions[UFORM_MAX_MATRYOSHKA_DIMENSIONS];
+} uform_contrastive_setup_t;
+
+/** One AdamW update of every tensor of a layout, or none when the step is poisoned. */
+typedef struct uform_update_t {
+    float* weights;       /* (layout.total) float32 master weights */
+    void* compute;        /* (layout.total) activation-typed copy refreshed after the update; NULL when the
+                             backend's activations are float32 and matrix products read `weights` itself */
+    float const* gradients;
+    float *first, *second;
+    double const* scalars; /* the step's scalars: the norm and the losses judged below */
+    float learning_rate, beta1, beta2, epsilon, weight_decay; /* decay applies to tensors that decay */
+    float clip_norm;       /* gradients scale by clip_norm / norm when the norm exceeds it */
+    float text_weight;     /* the masked term's weight in the total loss */
+    int masked_ran, contrastive_ran; /* which losses count toward the total */
+    uint64_t step;         /* this update's number, from 1: AdamW's bias corrections */
+} uform_update_t;
+
+/**
+ *  Whether an update must be skipped, judged from the step's scalars exactly as the core reports
+ *  them: the float total of the losses that ran and the float norm must both be finite. Written
+ *  once here, so a device's kernel and the host's report never disagree.
+ */
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+static inline int uform_update_poisoned(double const* scalars, int masked_ran, int contrastive_ran, float text_weight) {
+    double total = 0;
+    if (masked_ran) total += (double)text_weight * scalars[uform_scalar_masked_loss_k];
+    if (contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
+    float loss = (float)total, norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
+    return !isfinite(loss) || !isfinite(norm);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Lifetime and memory                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/** Opens a device: `ordinal` is a GPU's ordinal, or for the CPU the threads a verb uses. */
+typedef uform_status_t (*uform_device_open_t)(uint32_t ordinal, void** device);
+typedef void (*uform_device_close_t)(void* device);
+/** Makes a replica's context on an open device, with every scratch buffer `plan` asks for. */
+typedef uform_status_t (*uform_context_create_t)(void* device, uform_plan_t const* plan, void** context);
+typedef void (*uform_context_destroy_t)(void* context);
+/** Waits for every operation queued on the context; reports an asynchronous failure. */
+typedef uform_status_t (*uform_synchronize_t)(void* context);
+/** Floats of attention statistics one block keeps for its backward pass, at the plan's capacities. */
+typedef size_t (*uform_statistics_floats_t)(uform_plan_t const* plan);
+
+/** Device memory, zeroed. */
+typedef uform_status_t (*uform_allocate_t)(void* context, size_t bytes, void** pointer);
+typedef void (*uform_release_t)(void* context, void* pointer);
+/** Host memory the device copies from fastest (pinned on a GPU). */
+typedef uform_status_t (*uform_host_allocate_t)(void* context, size_t bytes, void** pointer);
+typedef void (*uform_host_release_t)(void* context, void* pointer);
+/** Copies between host and device. An upload may run after it returns: keep the source unchanged
+ *  until the next `synchronize`. A download has landed when it returns. */
+typedef uform_status_t (*uform_transfer_t)(void* context, void* destination, void const* source, size_t bytes);
+typedef uform_status_t (*uform_zero_t)(void* context, void* destination, size_t bytes);
+/** float32 (count) to activations (count): the compute copy of freshly loaded weights. */
+typedef uform_status_t (*uform_convert_t)(void* context, void* activations, float const* source, size_t count);
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  Operations: shapes are named where used: `tokens` rows of the packed stream, `hidden` wide.   */
+/*  Backward operations accumulate (+=) into parameter gradients and into `d_x` unless they say   */
+/*  they write.                                                                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+/**
+ *  d (m, n) = a (m, k) x b (k, n) [+ c], a stored (k, m) when `a_transposed`, b stored (n, k)
+ *  when `b_transposed`. `a` and `b` are activations; `c` and `d` are of `d_element` (float32 for
+ *  weight gradients, activations otherwise). `c` may be NULL, equal `d` (accumulate) or be
+ *  another buffer (a residual added on the way).
+ */
+typedef uform_status_t (*uform_matmul_t)(void* context, void* d, void const* c, void const* a, void const* b,
+                                         size_t m, size_t n, size_t k, int a_transposed, int b_transposed,
+                                         uform_element_t d_element);
+/** Optional fusion: up (m, n) = a x b^T and activated = gelu(up), both activations. */
+typedef uform_status_t (*uform_matmul_gelu_t)(void* context, void* activated, void* up, void const* a, void const* b,
+                                              size_t m, size_t n, size_t k);
+/** Optional fusion: d_up (m, n) = (a x b) * gelu'(up), written; a (m, k) and b (k, n) untransposed. */
+typedef uform_status_t (*uform_matmul_gelu_backward_t)(void* context, void* d_up, void const* up, void const* a,
+                                                       void const* b, size_t m, size_t n, size_t k);
+
+/** out (tokens, hidden) = table (vocabulary, hidden) [ids]; the table is the compute copy. */
+typedef uform_status_t (*uform_embedding_forward_t)(void* context, void* out, void const* table, uint32_t const* ids,
+                                                    size_t tokens, size_t hidden);
+/**
+ *  d_table (vocabulary, hidden) += rows of d_out by id. `order` (tokens) lists the tokens sorted
+ *  by id, stably, and `order_offsets` (vocabulary + 1) where each id's run starts: each row of
+ *  the table sums its tokens in one fixed order.
+ */
+typedef uform_status_t (*uform_embedding_backward_t)(void* context, float* d_table, void const* d_out,
+                                                     uint32_t const* order, uint32_t const* order_offsets,
+                                                     size_t tokens, size_t hidden, size_t vocabulary);
+/** out = x / rms(x) * gain; rstd (tokens) keeps 1 / rms(x). `gain` is float32. */
+typedef uform_status_t (*uform_rmsnorm_forward_t)(void* context, void* out, float* rstd, void const* x,
+                                                  float const* gain, size_t tokens, size_t hidden);
+typedef uform_status_t (*uform_rmsnorm_backward_t)(void* context, void* d_x, float* d_gain, void const* d_out,
+                                                   void const* x, float const* gain, float const* rstd,
+                                                   size_t tokens, size_t hidden);
+/** Rotates the query and key thirds of qkv (tokens, 3 hidden) in place by each token's position;
+ *  the backward pass applies the inverse rotation to their gradients. */
+typedef uform_status_t (*uform_rope_t)(void* context, void* qkv, uint32_t const* positions, size_t tokens,
+                                       size_t hidden);
+/** out (tokens, hidden) = softmax(q k^T / 8) v within each item; `statistics` is the backend's own. */
+typedef uform_status_t (*uform_attention_forward_t)(void* context, void* out, float* statistics, void const* qkv,
+                                                    uform_items_t const* items, size_t tokens, size_t hidden);
+/** d_qkv (tokens, 3 hidden) is written, not accumulated. */
+typedef uform_status_t (*uform_attention_backward_t)(void* context, void* d_qkv, void const* d_out, void const* out,
+                                                     float const* statistics, void const* qkv,
+                                                     uform_items_t const* items, size_t tokens, size_t hidden);
+/** Tanh-approximated GELU, element-wise; the backward pass writes d_in, which may alias d_out. */
+typedef uform_status_t (*uform_gelu_forward_t)(void* context, void* out, void const* in, size_t count);
+typedef uform_status_t (*uform_gelu_backward_t)(void* context, void* d_in, void const* d_out, void const* in,
+                                                size_t count);
+/** out[i] = in[rows[i]]; the adjoint d_in[rows[i]] += d_out[i] (rows distinct). Activations. */
+typedef uform_status_t (*uform_gather_rows_t)(void* context, void* out, void const* in, uint32_t const* rows,
+                                              size_t count, size_t width);
+typedef uform_status_t (*uform_scatter_rows_t)(void* context, void* d_in, void const* d_out, uint32_t const* rows,
+                                               size_t count, size_t width);
+/**
+ *  Mean cross-entropy of logits (count, classes) against targets into `*loss` (a device scalar,
+ *  written; NaN for count 0), and d_logits = scale (softmax - one-hot) / count, written. Logits
+ *  and their gradient are activations; the arithmetic is float32.
+ */
+typedef uform_status_t (*uform_cross_entropy_t)(void* context, double* loss, void* d_logits, void const* logits,
+                                                uint32_t const* targets, size_t count, size_t classes, float scale);
+/** pooled (items, hidden), float32, = mean of each item's rows of states (activations). */
+typedef uform_status_t (*uform_pool_forward_t)(void* context, float* pooled, void const* states,
+                                               uform_items_t const* items, size_t hidden);
+/** d_states (tokens, hidden) += d_pooled / length over each item's rows. */
+typedef uform_status_t (*uform_pool_backward_t)(void* context, void* d_states, float const* d_pooled,
+                                                uform_items_t const* items, size_t hidden);
+/**
+ *  The contrastive loss over pooled (items, hidden) embeddings, SPEC section 5: cells (items x
+ *  items) say how each cell counts and weights weigh it. Writes the unit-norm embeddings and the
+ *  loss into `*loss` (NaN when no row counted), and accumulates d_pooled, d_log_inverse_temperature
+ *  and d_bias scaled by `scale`. All float32 in memory, double inside.
+ */
+typedef uform_status_t (*uform_contrastive_loss_t)(void* context, double* loss, float* d_pooled,
+                                              float* d_log_inverse_temperature, float* d_bias, float* normalized,
+                                              float const* pooled, float const* log_inverse_temperature,
+                                              float const* bias, uint8_t const* cells, float const* weights,
+                                              uint32_t const* groups, size_t items, size_t hidden,
+                                              uform_contrastive_setup_t const* setup, float scale);
+/** `*sum` (written) = the sum of squares of x (count, float32), in double, in one fixed order. */
+typedef uform_status_t (*uform_sum_squares_t)(void* context, double* sum, float const* x, size_t count);
+/** AdamW over the plan's layout with clipping, unless `uform_update_poisoned` says skip. */
+typedef uform_status_t (*uform_adamw_t)(void* context, uform_update_t const* update);
+
+/** A backend: its name, its precision and its table of operations. Optional slots may be NULL. */
+typedef struct uform_backend_t {
+    char const* name;
+    uform_element_t activations;
+
+    uform_device_open_t device_open;
+    uform_device_close_t device_close;
+    uform_context_create_t context_create;
+    uform_context_destroy_t context_destroy;
+    uform_synchronize_t synchronize;
+    uform_statistics_floats_t statistics_floats;
+    uform_allocate_t allocate;
+    uform_release_t release;
+    uform_host_allocate_t host_allocate;
+    uform_host_release_t host_release;
+    uform_transfer_t upload, download, copy; /* host to device, device to host, device to device */
+    uform_zero_t zero;
+    uform_convert_t convert; /* NULL when activations are float32 */
+
+    uform_matmul_t matmul;
+    uform_matmul_gelu_t matmul_gelu;                   /* optional */
+    uform_matmul_gelu_backward_t matmul_gelu_backward; /* optional */
+    uform_embedding_forward_t embedding_forward;
+    uform_embedding_backward_t embedding_backward;
+    uform_rmsnorm_forward_t rmsnorm_forward;
+    uform_rmsnorm_backward_t rmsnorm_backward;
+    uform_rope_t rope_forward, rope_backward;
+    uform_attention_forward_t attention_forward;
+    uform_attention_backward_t attention_backward;
+    uform_gelu_forward_t gelu_forward;
+    uform_gelu_backward_t gelu_backward;
+    uform_gather_rows_t gather_rows;
+    uform_scatter_rows_t scatter_rows;
+    uform_cross_entropy_t cross_entropy;
+    uform_pool_forward_t pool_forward;
+    uform_pool_backward_t pool_backward;
+    uform_contrastive_loss_t contrastive;
+    uform_sum_squares_t sum_squares;
+    uform_adamw_t adamw;
+} uform_backend_t;
+
+/** The CPU reference backend, always built in. */
+extern uform_backend_t const uform_ram_backend;
+
+/** A backend by name ("ram" or "vram", loading the latter), for the operation tests; NULL with the
+ *  message set when the build or the machine lacks it. */
+UFORM_API uform_backend_t const* uform_testing_backend(char const* name);
+
+/** The CUDA backend's entry point, looked up in `libuform_vram.so` when a VRAM executor is asked for:
+ *  it keeps `fail` to format its messages and answers its table, or NULL when no GPU answers. */
+typedef uform_backend_t const* (*uform_vram_backend_load_t)(uform_fail_t fail);
+#define UFORM_VRAM_BACKEND_LOAD "uform_vram_backend_load"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UFORM_BACKEND_H_ */
