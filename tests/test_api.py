@@ -496,7 +496,8 @@ def test_many_process_meshes_need_nccl(cpu, tmp_path):
 
 STATS_FIELDS = {
     "step", "learning_rate", "loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss",
-    "grad_norm", "items", "tokens", "truncated_items", "skipped", "inverse_temperatures", "biases",
+    "grad_norm", "items", "tokens", "truncated_items", "masked_positions", "contrastive_rows", "skipped",
+    "inverse_temperatures", "biases",
 }
 
 

@@ -35,7 +35,6 @@ from .config import (
     Negatives,
     Objective,
     PairLossForm,
-    Scalar,
     Schedule,
     TrainerConfig,
     TrainerStepConfig,
@@ -43,13 +42,15 @@ from .config import (
     encode_path,
     normalize_step_config,
     normalize_trainer_config,
+    optional_arena,
     real,
+    scalar_member,
     unsigned,
     unsigned_array,
 )
 from .deferred import Deferred, Worker, stop_on_collect
-from .errors import Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
-from .outputs import _ITEM_BYTES, Arena, Rows, Stats, Stepped
+from .errors import Busy, DeviceError, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
+from .outputs import _ITEM_BYTES, Arena, Rows, Scalar, Stats, Stepped
 
 __version__ = _native.version()
 
@@ -95,6 +96,7 @@ __all__ = [
     "Unsupported",
     "OutOfMemory",
     "StorageError",
+    "DeviceError",
 ]
 
 
@@ -349,7 +351,7 @@ class Trainer:
         return executor._worker_thread()
 
     def _step_call(self, batch: Any, config: Any):
-        """Checks and pins the batch now; answers the call that runs the step on the worker."""
+        """Checks and pins the batch, and claims its arena, now; answers the call that runs the step on the worker."""
         native = self._handle()
         inputs = _native.StepInputs(normalize_batch(batch))
         settings = normalize_step_config(config)
@@ -364,7 +366,7 @@ class Trainer:
             rows = None if arena is None else Rows(landing, scalar, (inputs.count, hidden))
             return Stepped(stats, rows)
 
-        return step
+        return step if arena is None else arena._claim_for(step, "config.arena")
 
     def _save_call(self, path: Any):
         native = self._handle()
@@ -377,8 +379,9 @@ class Trainer:
         `batch` is a `TrainerBatch` or a dict with the same keys; `config` a `TrainerStepConfig` or
         dict, whose `arena` receives the scored embeddings. Answers a `Stepped`.
         """
-        call = self._step_call(batch, config)
-        return self._worker().run(call)
+        worker = self._worker()
+        worker.refuse_own_thread()  # before the step claims its arena
+        return worker.run(self._step_call(batch, config))
 
     def save(self, path: Any) -> None:
         """Writes the weights, the optimizer's moments and the step as one safetensors checkpoint.
@@ -448,8 +451,8 @@ class TrainerDeferred:
 
     def _submit(self, verb: str, make_call, *args: Any) -> Deferred:
         try:
-            call = make_call(*args)
             worker = self._trainer._worker()
+            call = make_call(*args)  # last: it may claim an arena, which only the call releases
         except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
             return Deferred._failed(error, verb)
         return Deferred(worker.submit(call), verb)
@@ -512,30 +515,38 @@ class Encoder:
             raise InvalidHandle("encoder: used after free()")
         return native
 
-    def _embed_call(self, modalities: Any, contents: Any, scalar: Any, arena: Optional[Arena]):
+    def _worker(self) -> Worker:
+        executor = self._executor
+        if self._native is None or executor is None:
+            raise InvalidHandle("encoder: used after free()")
+        return executor._worker_thread()
+
+    def _embed_call(self, modalities: Any, contents: Any, scalar: Any, arena: Any):
+        """Checks the items and claims the arena now; answers the call that embeds them on the worker."""
         native = self._handle()
         kinds, tape, items = normalize_items(modalities, contents)
-        settings = normalize_step_config(dict(arena=arena, outputs_scalar=scalar))
-        scalar, hidden = settings["outputs_scalar"], native.hidden
+        scalar, arena, hidden = scalar_member(scalar, "scalar"), optional_arena(arena, "arena"), native.hidden
         nbytes = items * hidden * _ITEM_BYTES[scalar]
         c_scalar = _native.C_ENUMS["scalar"][scalar.value]
 
         def embed() -> Rows:
             landing = Arena()._reserve(nbytes) if arena is None else arena._reserve(nbytes)
-            native.embed(kinds, tape, landing, c_scalar)
-            return Rows(landing, scalar, (items, hidden))
+            truncated = native.embed(kinds, tape, landing, c_scalar)
+            return Rows(landing, scalar, (items, hidden), truncated)
 
-        return embed
+        return embed if arena is None else arena._claim_for(embed, "arena")
 
     def embed(self, modalities: Sequence[Any], contents: Any, scalar: Any = Scalar.F32,
               arena: Optional[Arena] = None) -> Rows:
         """Pooled, unit-norm embeddings of any number of items, as `Rows` (items x hidden).
 
-        `contents` is a list of str / bytes or a `Tape`. The rows land in fresh memory, or in
-        `arena` when given (then valid until the arena's next use).
+        `contents` is a list of str / bytes or a `Tape`. Items longer than the checkpoint's
+        `batch.max_columns_per_row` bytes are cut to that many; `rows.truncated_items` counts them.
+        The rows land in fresh memory, or in `arena` when given (then valid until its next use).
         """
-        call = self._embed_call(modalities, contents, scalar, arena)
-        return self._executor._worker_thread().run(call)
+        worker = self._worker()
+        worker.refuse_own_thread()  # before the call claims its arena
+        return worker.run(self._embed_call(modalities, contents, scalar, arena))
 
     def deferred(self) -> "EncoderDeferred":
         """The same verbs, each submitted to the executor's worker and answered as a `Deferred`."""
@@ -575,8 +586,8 @@ class EncoderDeferred:
               arena: Optional[Arena] = None) -> Deferred:
         """`Encoder.embed`, deferred: the items are read now, embedded on the worker."""
         try:
-            call = self._encoder._embed_call(modalities, contents, scalar, arena)
-            worker = self._encoder._executor._worker_thread()
+            worker = self._encoder._worker()
+            call = self._encoder._embed_call(modalities, contents, scalar, arena)  # last: it may claim the arena
         except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
             return Deferred._failed(error, "embed")
         return Deferred(worker.submit(call), "embed")

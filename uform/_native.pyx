@@ -16,7 +16,7 @@ from uform.uform cimport *
 
 import numpy as np
 
-from uform.errors import Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
+from uform.errors import DeviceError, Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
 
 # The C library's numbering of the enumerations whose Python values are names, keyed by those names.
 C_ENUMS = {
@@ -67,6 +67,7 @@ cdef dict _ERRORS = {
     uform_status_out_of_memory_k: OutOfMemory,
     uform_status_io_k: StorageError,
     uform_status_invalid_checkpoint_k: InvalidCheckpoint,
+    uform_status_device_k: DeviceError,
 }
 
 # Where an empty buffer points: C reads nothing from it, but a NULL could mean "absent".
@@ -92,17 +93,59 @@ def capabilities():
 
 
 # ---------------------------------------------------------------------------------------------- #
+#  Handles                                                                                         #
+# ---------------------------------------------------------------------------------------------- #
+
+
+@cython.no_gc_clear  # what a handle borrows must outlive it, even inside a collected cycle
+cdef class Handle:
+    """One native handle, freed with `free()` or when collected; the handles it borrows live until then."""
+
+    cdef void* handle
+    cdef tuple borrowed
+    cdef str noun  # how messages name it: "executor", "mesh", "trainer", "encoder"
+    cdef uform_status_t (*release)(void*, const char**) noexcept nogil
+
+    @property
+    def alive(self):
+        return self.handle != NULL
+
+    cdef void* live(self) except NULL:
+        if self.handle == NULL:
+            raise InvalidHandle(f"{self.noun}: used after free()")
+        return self.handle
+
+    def free(self):
+        """Frees the handle and lets go of what it borrows; harmless when already freed."""
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        if self.handle == NULL:
+            return
+        with nogil:
+            status = self.release(self.handle, &message)
+        check(status, message, f"freeing the {self.noun}")
+        self.handle = NULL
+        self.borrowed = None
+
+    def __dealloc__(self):
+        # Subclasses hold no objects of their own: what a handle borrows sits in `borrowed`, which
+        # Cython lets go of only after this free.
+        if self.handle != NULL:
+            with nogil:
+                self.release(self.handle, NULL)
+
+
+# ---------------------------------------------------------------------------------------------- #
 #  Executors and meshes                                                                            #
 # ---------------------------------------------------------------------------------------------- #
 
 
-cdef class ExecutorHandle:
-    """One `uform_executor_t`, freed with `free()` or when collected."""
-
-    cdef uform_executor_t handle
+cdef class ExecutorHandle(Handle):
+    """One `uform_executor_t`."""
 
     def __cinit__(self):
-        self.handle = NULL
+        self.noun = "executor"
+        self.release = uform_executor_free
 
     @staticmethod
     def for_ram(size_t threads):
@@ -132,50 +175,22 @@ cdef class ExecutorHandle:
         check(status, message, "uform_executor_init_vram")
         return executor
 
-    @property
-    def alive(self):
-        return self.handle != NULL
 
-    def free(self):
-        """Frees the executor; harmless when already freed."""
-        cdef const char* message = NULL
-        cdef uform_status_t status
-        if self.handle == NULL:
-            return
-        with nogil:
-            status = uform_executor_free(self.handle, &message)
-        check(status, message, "uform_executor_free")
-        self.handle = NULL
-
-    def __dealloc__(self):
-        if self.handle != NULL:
-            uform_executor_free(self.handle, NULL)
-
-
-cdef uform_executor_t _executor(ExecutorHandle executor) except? NULL:
-    if executor is None or executor.handle == NULL:
-        raise InvalidHandle("executor: used after free()")
-    return executor.handle
-
-
-@cython.no_gc_clear  # its executor must outlive it, even inside a collected cycle
-cdef class MeshHandle:
+cdef class MeshHandle(Handle):
     """One `uform_mesh_t`; it keeps its executor's handle alive."""
 
-    cdef uform_mesh_t handle
-    cdef ExecutorHandle executor
-
     def __cinit__(self):
-        self.handle = NULL
+        self.noun = "mesh"
+        self.release = uform_mesh_free
 
     @staticmethod
-    def bootstrap(ExecutorHandle executor, uint32_t index, uint32_t count, bytes directory, bytes job,
+    def bootstrap(ExecutorHandle executor not None, uint32_t index, uint32_t count, bytes directory, bytes job,
                   double timeout_seconds):
         cdef MeshHandle mesh = MeshHandle()
         cdef uform_mesh_bootstrap_t config
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_executor_t devices = _executor(executor)
+        cdef uform_executor_t devices = executor.live()
         memset(&config, 0, sizeof(config))
         config.host_domain_index = index
         config.host_domain_count = count
@@ -187,28 +202,8 @@ cdef class MeshHandle:
         with nogil:
             status = uform_mesh_bootstrap(devices, &config, &mesh.handle, &message)
         check(status, message, "uform_mesh_bootstrap")
-        mesh.executor = executor
+        mesh.borrowed = (executor,)
         return mesh
-
-    @property
-    def alive(self):
-        return self.handle != NULL
-
-    def free(self):
-        """Frees the mesh; harmless when already freed."""
-        cdef const char* message = NULL
-        cdef uform_status_t status
-        if self.handle == NULL:
-            return
-        with nogil:
-            status = uform_mesh_free(self.handle, &message)
-        check(status, message, "uform_mesh_free")
-        self.handle = NULL
-        self.executor = None
-
-    def __dealloc__(self):
-        if self.handle != NULL:
-            uform_mesh_free(self.handle, NULL)
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -223,11 +218,15 @@ cdef class TapePin:
     cdef const uint64_t[::1] offsets
 
     cdef int fill(self, uform_tape_t* tape, object pinnable) except -1:
-        """`pinnable`: (a byte memoryview or uint8 array, a uint64 array of count + 1 offsets), or None."""
+        """`pinnable`: (a byte memoryview, uint64 count + 1 offsets, the bytes or elements the data holds), or None.
+
+        C checks the offsets against `size` as it reads them, so offsets changed after the checks
+        in Python, while a deferred verb waits, cannot send it past the data.
+        """
         memset(tape, 0, sizeof(uform_tape_t))
         if pinnable is None:
             return 0
-        data, offsets = pinnable
+        data, offsets, tape.size = pinnable
         self.data = data
         self.offsets = offsets
         tape.data = <const void*>&_nothing
@@ -268,6 +267,15 @@ cdef const uint32_t* _per_item(const uint32_t[::1] values) noexcept:
     if values.shape[0] == 0:
         return <const uint32_t*>&_nothing
     return &values[0]
+
+
+cdef void* _landing(uint8_t[::1] embeddings) noexcept:
+    """Where C writes embeddings: NULL for none, never NULL for an empty array, which the caller keeps alive."""
+    if embeddings is None:
+        return NULL
+    if embeddings.shape[0] == 0:
+        return <void*>&_nothing
+    return <void*>&embeddings[0]
 
 
 cdef class StepInputs:
@@ -343,6 +351,8 @@ cdef dict _stats(const uform_trainer_stats_t* stats):
         "items": stats.items,
         "tokens": stats.tokens,
         "truncated_items": stats.truncated_items,
+        "masked_positions": stats.masked_positions,
+        "contrastive_rows": stats.contrastive_rows,
         "skipped": stats.skipped != 0,
         "inverse_temperatures": [stats.inverse_temperatures[i] for i in range(groups)],
         "biases": [stats.biases[i] for i in range(groups)],
@@ -402,19 +412,15 @@ cdef void _fill_late_interaction(uform_late_interaction_t* late, dict given):
     late.pair_loss = <uform_pair_loss_form_t><int>given["pair_loss"]
 
 
-@cython.no_gc_clear  # its executor and mesh must outlive it, even inside a collected cycle
-cdef class TrainerHandle:
+cdef class TrainerHandle(Handle):
     """One `uform_trainer_t`; it keeps its executor's and mesh's handles alive until freed."""
 
-    cdef uform_trainer_t handle
-    cdef ExecutorHandle executor
-    cdef MeshHandle mesh
-
     def __cinit__(self):
-        self.handle = NULL
+        self.noun = "trainer"
+        self.release = uform_trainer_free
 
     @staticmethod
-    def init(bint vram, ExecutorHandle executor, dict config, MeshHandle mesh):
+    def init(bint vram, ExecutorHandle executor not None, dict config, MeshHandle mesh):
         """`config`: the nested dict `uform.config.normalize_trainer_config` answers."""
         cdef TrainerHandle trainer = TrainerHandle()
         cdef uform_trainer_init_vram_t c
@@ -422,12 +428,8 @@ cdef class TrainerHandle:
         cdef bytes resume = config["resume"]
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_executor_t devices = _executor(executor)
-        cdef uform_mesh_t peers = NULL
-        if mesh is not None:
-            if mesh.handle == NULL:
-                raise InvalidHandle("mesh: used after free()")
-            peers = mesh.handle
+        cdef uform_executor_t devices = executor.live()
+        cdef uform_mesh_t peers = NULL if mesh is None else mesh.live()
         memset(&c, 0, sizeof(c))
         if resume is not None:
             c.resume = resume
@@ -455,29 +457,15 @@ cdef class TrainerHandle:
             else:
                 status = uform_trainer_init_ram(devices, &c, peers, &trainer.handle, &message)
         check(status, message, "uform_trainer_init_vram" if vram else "uform_trainer_init_ram")
-        trainer.executor = executor
-        trainer.mesh = mesh
+        trainer.borrowed = (executor, mesh)
         return trainer
-
-    cdef uform_trainer_t _live(self) except? NULL:
-        if self.handle == NULL:
-            raise InvalidHandle("trainer: used after free()")
-        return self.handle
-
-    @property
-    def alive(self):
-        return self.handle != NULL
 
     def step(self, StepInputs inputs, embeddings, int scalar):
         """Runs one step; `embeddings` is a writable uint8 array of items x hidden scalars, or None."""
-        cdef uint8_t[::1] landing
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_trainer_t trainer = self._live()
-        inputs.step.embeddings = NULL
-        if embeddings is not None:
-            landing = embeddings
-            inputs.step.embeddings = <void*>&landing[0] if landing.shape[0] else <void*>&_nothing
+        cdef uform_trainer_t trainer = self.live()
+        inputs.step.embeddings = _landing(embeddings)
         inputs.step.embeddings_scalar = <uform_scalar_t>scalar
         memset(&inputs.step.stats, 0, sizeof(uform_trainer_stats_t))
         with nogil:
@@ -488,7 +476,7 @@ cdef class TrainerHandle:
     def save(self, bytes path):
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_trainer_t trainer = self._live()
+        cdef uform_trainer_t trainer = self.live()
         cdef const char* destination = path
         with nogil:
             status = uform_trainer_save(trainer, destination, &message)
@@ -499,7 +487,7 @@ cdef class TrainerHandle:
         cdef size_t total = 0
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_trainer_t trainer = self._live()
+        cdef uform_trainer_t trainer = self.live()
         with nogil:
             status = uform_trainer_weights(trainer, NULL, &total, &message)
         check(status, message, "uform_trainer_weights")
@@ -510,7 +498,7 @@ cdef class TrainerHandle:
         cdef size_t total = self.parameters()
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_trainer_t trainer = self._live()
+        cdef uform_trainer_t trainer = self.live()
         weights = np.empty(total, np.float32)
         cdef float[::1] landing = weights
         cdef float* pointer = &landing[0] if total else NULL
@@ -524,7 +512,7 @@ cdef class TrainerHandle:
         cdef size_t total = self.parameters()
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_trainer_t trainer = self._live()
+        cdef uform_trainer_t trainer = self.live()
         gradients = np.zeros(total, np.float32)
         cdef float[::1] landing = gradients
         cdef float* pointer = &landing[0] if total else NULL
@@ -535,94 +523,52 @@ cdef class TrainerHandle:
         check(status, message, "uform_trainer_probe")
         return _stats(&inputs.step.stats), gradients
 
-    def free(self):
-        """Frees the trainer and lets go of its executor and mesh; harmless when already freed."""
-        cdef const char* message = NULL
-        cdef uform_status_t status
-        if self.handle == NULL:
-            return
-        with nogil:
-            status = uform_trainer_free(self.handle, &message)
-        check(status, message, "uform_trainer_free")
-        self.handle = NULL
-        self.executor = None
-        self.mesh = None
-
-    def __dealloc__(self):
-        if self.handle != NULL:
-            with nogil:
-                uform_trainer_free(self.handle, NULL)
-
 
 # ---------------------------------------------------------------------------------------------- #
 #  Encoders                                                                                        #
 # ---------------------------------------------------------------------------------------------- #
 
 
-@cython.no_gc_clear  # its executor must outlive it, even inside a collected cycle
-cdef class EncoderHandle:
+cdef class EncoderHandle(Handle):
     """One `uform_encoder_t`; it keeps its executor's handle alive until freed."""
 
-    cdef uform_encoder_t handle
-    cdef ExecutorHandle executor
     cdef readonly size_t hidden
 
     def __cinit__(self):
-        self.handle = NULL
-        self.hidden = 0
+        self.noun = "encoder"
+        self.release = uform_encoder_free
 
     @staticmethod
-    def load(ExecutorHandle executor, bytes path):
+    def load(ExecutorHandle executor not None, bytes path):
         cdef EncoderHandle encoder = EncoderHandle()
         cdef const char* message = NULL
         cdef uform_status_t status
-        cdef uform_executor_t devices = _executor(executor)
+        cdef uform_executor_t devices = executor.live()
         cdef const char* source = path
         with nogil:
             status = uform_encoder_load(devices, source, &encoder.handle, &encoder.hidden, &message)
         check(status, message, "uform_encoder_load")
-        encoder.executor = executor
+        encoder.borrowed = (executor,)
         return encoder
 
-    @property
-    def alive(self):
-        return self.handle != NULL
-
     def embed(self, modalities, contents, embeddings, int scalar):
-        """Embeds `contents` (a pinnable byte tape) into `embeddings`, a writable uint8 array of count x hidden scalars."""
+        """Embeds `contents` (a pinnable byte tape) into `embeddings`, a writable uint8 array of count x hidden scalars.
+
+        Answers how many items were cut to the checkpoint's `max_columns_per_row`.
+        """
         cdef const uint32_t[::1] kinds = modalities
         cdef TapePin tape = TapePin()
-        cdef uint8_t[::1] landing = embeddings
         cdef uform_encoder_embed_t embed
         cdef const char* message = NULL
         cdef uform_status_t status
-        if self.handle == NULL:
-            raise InvalidHandle("encoder: used after free()")
+        cdef uform_encoder_t encoder = self.live()
         memset(&embed, 0, sizeof(embed))
         embed.count = kinds.shape[0]
         embed.modalities = <const uform_modality_t*>_per_item(kinds)
         tape.fill(&embed.contents, contents)
-        embed.embeddings = <void*>&_nothing
-        if landing.shape[0]:
-            embed.embeddings = <void*>&landing[0]
+        embed.embeddings = _landing(embeddings)
         embed.embeddings_scalar = <uform_scalar_t>scalar
         with nogil:
-            status = uform_encoder_embed(self.handle, &embed, &message)
+            status = uform_encoder_embed(encoder, &embed, &message)
         check(status, message, "uform_encoder_embed")
-
-    def free(self):
-        """Frees the encoder and lets go of its executor; harmless when already freed."""
-        cdef const char* message = NULL
-        cdef uform_status_t status
-        if self.handle == NULL:
-            return
-        with nogil:
-            status = uform_encoder_free(self.handle, &message)
-        check(status, message, "uform_encoder_free")
-        self.handle = NULL
-        self.executor = None
-
-    def __dealloc__(self):
-        if self.handle != NULL:
-            with nogil:
-                uform_encoder_free(self.handle, NULL)
+        return embed.truncated_items

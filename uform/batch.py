@@ -30,8 +30,10 @@ class Tape:
     `data` is any C-contiguous buffer (bytes, bytearray, a numpy array, a memoryview); entry `i`
     spans items `[offsets[i], offsets[i + 1])` of it: bytes for byte buffers, elements for float32
     arrays (the choice targets). When `offsets` is a C-contiguous `numpy.uint64` array, nothing is
-    copied: the library reads the caller's memory, which must then stay unchanged until the step
-    that reads it returns. Other offsets (a list, another dtype) are converted once.
+    copied: the library reads the caller's memory when the verb runs, deferred ones included (see
+    docs/python.md for what may change meanwhile). Other offsets (a list, another dtype) are
+    converted once. Texts in a numpy array of str are not a buffer of UTF-8: give them as contents
+    themselves, or gather them with `Tape.from_list`.
 
     >>> tape = Tape(b"redpanda", numpy.array([0, 3, 8], dtype=numpy.uint64))
     >>> len(tape), bytes(tape[1])
@@ -45,6 +47,8 @@ class Tape:
             view = memoryview(data)
         except TypeError:
             raise InvalidArgument(f"tape.data: expected a contiguous buffer, got {type(data).__name__}") from None
+        if isinstance(data, np.ndarray) and data.dtype.kind == "U":  # its buffer is UCS-4 code points, not UTF-8
+            raise InvalidArgument("tape.data: a numpy array of str; give the texts as contents or to Tape.from_list")
         if not view.c_contiguous:
             raise InvalidArgument("tape.data: the buffer is not C-contiguous")
         self._data = data
@@ -110,19 +114,25 @@ class Tape:
         return f"Tape({len(self)} entries, {len(self._items)} {kind})"
 
     def _pinnable(self, path: str, float32: bool):
-        """The (bytes view, uint64 offsets) pair the compiled core pins, after the checks only Python can make."""
+        """The (bytes view, uint64 offsets, size) the compiled core pins, after the checks only Python can make.
+
+        The size counts the data's bytes or elements: C checks the offsets against it again as the verb runs.
+        """
         self._check(path)
         if float32 and not self.is_float32 and len(self._items) > 0:  # an empty buffer's format does not matter
             raise InvalidArgument(f"{path}: expected a float32 tape, got items of format {self._items.format!r}")
         if not float32 and self._items.itemsize != 1:
             raise InvalidArgument(f"{path}: expected a tape of bytes, got items of format {self._items.format!r}")
-        return self._view, self._offsets
+        return self._view, self._offsets, len(self._items)
 
 
 def _entry_bytes(entry: Any, path: str) -> Optional[bytes]:
     """An entry as bytes, or None when it is not byte-like."""
     if isinstance(entry, str):
-        return entry.encode("utf-8")
+        try:
+            return entry.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate, which no UTF-8 text holds
+            raise InvalidArgument(f"{path}: not encodable as UTF-8 ({error.reason} at {error.start})") from None
     if isinstance(entry, (bytes, bytearray)):
         return bytes(entry)
     if isinstance(entry, (memoryview, np.ndarray)):

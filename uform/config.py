@@ -2,8 +2,9 @@
 
 Every config type is a dataclass and may equally be given as a plain dict with the same keys, at
 any nesting level. Absent fields, and fields given as `None`, derive: the C library reads zero as
-"derive the documented default" (see `uform.h`). An unknown key raises `InvalidArgument` naming its
-full path, as does a value of the wrong type.
+"derive the documented default" (see `uform.h`). The few it cannot derive are named here when
+missing. An unknown key raises `InvalidArgument` naming its full path, as does a value of the wrong
+type.
 
 `normalize_trainer_config` and `normalize_step_config` turn either form into the plain nested dicts
 of C-ready values (ints, floats, uint32 arrays, encoded paths) that the compiled core copies into
@@ -19,12 +20,13 @@ import operator
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _native
 from .errors import InvalidArgument
+from .outputs import Arena, Scalar
 
 __all__ = [
     "Modality",
@@ -32,7 +34,6 @@ __all__ = [
     "Negatives",
     "PairLossForm",
     "LateInteractionSide",
-    "Scalar",
     "ImageShape",
     "VideoShape",
     "AudioShape",
@@ -91,15 +92,6 @@ class LateInteractionSide(enum.IntEnum):
     QUERY = 1  #: The item's tokens score the documents it attracts and repels.
     DOCUMENT = 2  #: The item's tokens are scored by the queries naming it.
     QUERY_AND_DOCUMENT = 3  #: The item plays both sides.
-
-
-class Scalar(str, enum.Enum):
-    """The scalar type outputs land in; `I8` stores `round(127 * x)` of unit-norm vectors."""
-
-    F32 = "f32"
-    F16 = "f16"
-    BF16 = "bf16"
-    I8 = "i8"
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -205,11 +197,17 @@ class _Kind:
 
 
 class _Unsigned(_Kind):
-    def __init__(self, bits: int) -> None:
+    def __init__(self, bits: int, multiple: int = 1) -> None:
         self.bits = bits
+        self.multiple = multiple
 
     def __call__(self, value, path):
-        return 0 if value is None else unsigned(value, self.bits, path)
+        if value is None:
+            return 0
+        number = unsigned(value, self.bits, path)
+        if number % self.multiple:
+            raise InvalidArgument(f"{path}: {number} is not a multiple of {self.multiple}")
+        return number
 
 
 class _Real(_Kind):
@@ -218,7 +216,7 @@ class _Real(_Kind):
 
 
 class _Choice(_Kind):
-    """An enumeration member or its value, as the C library numbers it (`_native.C_ENUMS[table]`)."""
+    """An enumeration member, name or value, as the C library numbers it (`_native.C_ENUMS[table]`)."""
 
     def __init__(self, enumeration: type, table: Optional[str] = None) -> None:
         self.enumeration = enumeration
@@ -252,17 +250,42 @@ class _Nested(_Kind):
         return normalize(self.kind, value, path)
 
 
+class _Required(_Kind):
+    """A field the C library cannot derive: absent, it is named here rather than reaching C as zero."""
+
+    def __init__(self, kind: _Kind, hint: str) -> None:
+        self.kind = kind
+        self.hint = hint
+
+    def __call__(self, value, path):
+        if value is None:
+            raise InvalidArgument(f"{path}: missing; {self.hint}")
+        return self.kind(value, path)
+
+
+def _names(enumeration: type) -> str:
+    return ", ".join(repr(name.lower()) for name in enumeration.__members__)
+
+
 def enum_member(enumeration: type, value: Any, path: str) -> enum.Enum:
-    """An enumeration member given as itself or its value; `InvalidArgument` naming `path` otherwise."""
+    """A member given as itself, its name in any case ("ranked", "RANKED") or its value.
+
+    `InvalidArgument` naming `path` otherwise, listing the names.
+    """
     if isinstance(value, enumeration):
         return value
-    try:
-        if isinstance(value, (bool, np.bool_, enum.Enum)):
-            raise ValueError  # True is not PairLossForm.BALANCED, nor is a member of another enumeration
-        return enumeration(value)
-    except (ValueError, TypeError):
-        names = ", ".join(repr(m.value) for m in enumeration)
-        raise InvalidArgument(f"{path}: {_describe(value)} is not a {enumeration.__name__} (one of {names})") from None
+    member = None
+    if isinstance(value, str) and not isinstance(value, enum.Enum):
+        member = enumeration.__members__.get(value.upper())
+    elif not isinstance(value, (bool, np.bool_, enum.Enum)):  # True is not BALANCED, nor is another enum's member
+        try:
+            member = enumeration(value)
+        except (ValueError, TypeError):
+            pass
+    if member is None:
+        names = _names(enumeration)
+        raise InvalidArgument(f"{path}: {_describe(value)} is not a {enumeration.__name__} (one of {names})")
+    return member
 
 
 def enum_value(enumeration: type, value: Any, path: str, table: Optional[str] = None) -> int:
@@ -275,13 +298,16 @@ def encode_path(value: Any, path: str) -> bytes:
     """A file-system path as the bytes C reads."""
     if not isinstance(value, (str, bytes, os.PathLike)):
         raise InvalidArgument(f"{path}: expected a path, got {type(value).__name__} {_describe(value)}")
-    encoded = os.fsencode(value)
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeEncodeError as error:  # a lone surrogate, say, which no file name holds
+        raise InvalidArgument(f"{path}: {_describe(value)} cannot be encoded as a file name ({error.reason})") from None
     if b"\0" in encoded:
         raise InvalidArgument(f"{path}: a path may not hold a NUL character")
     return encoded
 
 
-def _kind(f: dataclasses.Field) -> _Kind:
+def _kind(f: dataclasses.Field) -> Callable[[Any, str], Any]:
     return f.metadata["kind"]
 
 
@@ -303,7 +329,8 @@ def normalize(kind: type, value: Any, path: str) -> dict:
     return {f.name: _kind(f)(given.get(f.name), f"{path}.{f.name}") for f in fields}
 
 
-def _field(kind: _Kind, *, required: bool = False, doc: str = ""):
+def _field(kind: Callable[[Any, str], Any], *, required: bool = False, doc: str = ""):
+    """`kind(value, path)` makes the C value; `required` makes the dataclass take the field positionally."""
     metadata = {"kind": kind, "doc": doc}
     return field(metadata=metadata) if required else field(default=None, metadata=metadata)
 
@@ -345,8 +372,12 @@ class AudioShape:
 class BatchShape:
     """What one device's step carries at most.
 
-    A row is one packed sequence of `max_columns_per_row` token positions; segments are the items
-    packed into rows.
+    A row is one packed sequence of `max_columns_per_row` token positions (bytes, for text);
+    segments are the items packed into rows. Items longer than a row are cut to it, in training
+    and in `Encoder.embed` alike.
+
+    **Absent, it derives 64 rows of 512 columns per device**: a trainer then holds activations for
+    32,768 token positions, whatever the items. Give the shape the items need.
     """
 
     max_rows_per_device: Optional[int] = _field(_U32, doc="Absent derives 64.")
@@ -387,7 +418,7 @@ class Contrastive:
     negatives: Union[Negatives, str, None] = _field(_Choice(Negatives, "negatives"), doc="Absent derives Negatives.AMBIENT.")
     ambient_repulsion_weight: Optional[float] = _field(_F32, doc="Weight of each ambient negative; absent derives 1.")
     max_edges_per_device: Optional[int] = _field(_U32, doc="Attract + repel + ignore edges; absent derives 64 per segment.")
-    pair_loss: Union[PairLossForm, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps sigmoid.")
+    pair_loss: Union[PairLossForm, str, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps sigmoid.")
 
 
 @dataclass
@@ -402,7 +433,7 @@ class LateInteraction:
     max_query_tokens_per_device: Optional[int] = _field(_U32)
     max_documents_per_device: Optional[int] = _field(_U32)
     max_document_tokens_per_device: Optional[int] = _field(_U32)
-    pair_loss: Union[PairLossForm, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps ranked.")
+    pair_loss: Union[PairLossForm, str, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps ranked.")
 
 
 @dataclass
@@ -416,7 +447,8 @@ class Choices:
 class Schedule:
     """The learning-rate schedule: linear warm-up, then cosine to the minimum at `steps`."""
 
-    steps: int = _field(_U64, required=True, doc="Steps the run takes, which the cosine spans; required.")
+    steps: int = _field(_Required(_U64, "the steps the run takes, which the cosine schedule spans"), required=True,
+                        doc="Steps the run takes, which the cosine spans; required.")
     learning_rate: Optional[float] = _field(_F32, doc="Absent derives 1e-3.")
     min_learning_rate: Optional[float] = _field(_F32, doc="Absent derives learning_rate / 10.")
     warmup_steps: Optional[int] = _field(_U64, doc="Absent derives steps / 20.")
@@ -426,15 +458,21 @@ class Schedule:
 class TrainerConfig:
     """A training run's geometry, objectives and schedule.
 
-    `depth`, `hidden`, `batch`, `objective` and `schedule` are required, as the seed marks them;
-    as a dict, an absent required field reaches the C library as zero, which names what is missing.
+    `depth`, `hidden`, `objective` and `schedule.steps` are required: absent (or None), each raises
+    `InvalidArgument` naming it, `config.depth: missing; ...`, before any C call. The dataclass also
+    takes `batch` and `schedule` positionally, as the seed marks them, yet **a config without `batch`
+    derives 64 rows of 512 columns per device** (see `BatchShape`): give it whenever items are short.
     """
 
-    depth: int = _field(_U32, required=True, doc="Transformer blocks stacked.")
-    hidden: int = _field(_U32, required=True, doc="Embedding width, a multiple of 128.")
-    batch: Union[BatchShape, dict] = _field(_Nested(BatchShape), required=True)
-    objective: Union[Objective, str] = _field(_Choice(Objective, "objective"), required=True)
-    schedule: Union[Schedule, dict] = _field(_Nested(Schedule), required=True)
+    depth: int = _field(_Required(_U32, "the transformer blocks to stack"), required=True,
+                        doc="Transformer blocks stacked; required.")
+    hidden: int = _field(_Required(_Unsigned(32, multiple=128), "the embedding width, a multiple of 128"),
+                         required=True, doc="Embedding width, a multiple of 128; required.")
+    batch: Union[BatchShape, dict, None] = _field(_Nested(BatchShape), required=True,
+                                                  doc="Absent derives 64 rows of 512 columns per device.")
+    objective: Union[Objective, str] = _field(_Required(_Choice(Objective, "objective"), f"one of {_names(Objective)}"),
+                                              required=True, doc="Which losses the run relaxes; required.")
+    schedule: Union[Schedule, dict] = _field(_Nested(Schedule), required=True, doc="Its `steps` are required.")
     resume: Union[str, os.PathLike, None] = _field(_Path(), doc="The checkpoint to continue from.")
     masking: Union[Masking, dict, None] = _field(_Nested(Masking))
     contrastive: Union[Contrastive, dict, None] = _field(_Nested(Contrastive))
@@ -443,26 +481,24 @@ class TrainerConfig:
     seed: Optional[int] = _field(_U64, doc="The base of every keyed draw, up to 2**64 - 1.")
 
 
-class _ArenaKind(_Kind):
-    def __call__(self, value, path):
-        from .outputs import Arena
-
-        if value is not None and not isinstance(value, Arena):
-            raise InvalidArgument(f"{path}: expected a uform.Arena, got {type(value).__name__}")
-        return value
+def optional_arena(value: Any, path: str) -> Optional[Arena]:
+    """An `Arena` or None; `InvalidArgument` naming `path` otherwise."""
+    if value is not None and not isinstance(value, Arena):
+        raise InvalidArgument(f"{path}: expected a uform.Arena, got {type(value).__name__}")
+    return value
 
 
-class _ScalarKind(_Kind):
-    def __call__(self, value, path):
-        return Scalar.F32 if value is None else enum_member(Scalar, value, path)
+def scalar_member(value: Any, path: str) -> Scalar:
+    """A `Scalar` given as itself, its name or its value; absent is F32."""
+    return Scalar.F32 if value is None else enum_member(Scalar, value, path)
 
 
 @dataclass
 class TrainerStepConfig:
     """Where a step lands the embeddings it scored, when a caller wants them."""
 
-    arena: Any = _field(_ArenaKind(), doc="A uform.Arena the embeddings land in; absent skips the copy.")
-    outputs_scalar: Union[Scalar, str, None] = _field(_ScalarKind(), doc="The scalar they land as; absent lands F32.")
+    arena: Optional[Arena] = _field(optional_arena, doc="A uform.Arena the embeddings land in; absent skips the copy.")
+    outputs_scalar: Union[Scalar, str, None] = _field(scalar_member, doc="The scalar they land as; absent lands F32.")
 
 
 def normalize_trainer_config(config: Any) -> dict:

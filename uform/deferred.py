@@ -16,6 +16,8 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
+from .errors import Busy
+
 __all__ = ["Deferred"]
 
 _STOP = object()
@@ -90,8 +92,9 @@ class Worker:
     A daemon, so it never keeps the interpreter alive: at exit, verbs not yet started are
     cancelled and only the one already inside the library is waited for, since the process's
     libraries (OpenBLAS, CUDA) must not be torn down under a running native call. It stops when
-    its executor is freed or collected. Calls made from the worker itself (say, from a future's
-    done-callback) run at once rather than waiting on the queue they are already inside.
+    its executor is freed or collected. Verbs submitted from the worker itself (say, from a
+    future's done-callback) queue like any other; a blocking one there raises `uform.Busy`, as it
+    would wait forever for the verb the worker is running.
     """
 
     def __init__(self, name: str) -> None:
@@ -102,16 +105,21 @@ class Worker:
         _workers.add(self)
 
     def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future:
+        """Queues `call` behind every verb submitted before it, from whichever thread."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if threading.current_thread() is self._thread:
-            _settle(future, call)
-        else:
-            self._queue.put((future, call))
+        self._queue.put((future, call))
         return future
 
     def run(self, call: Callable[[], Any]) -> Any:
         """Runs `call` behind every verb submitted before it, and returns its result."""
+        self.refuse_own_thread()
         return self.submit(call).result()
+
+    def refuse_own_thread(self) -> None:
+        """Raises `Busy` on the worker's own thread, where waiting for a verb would wait on itself."""
+        if threading.current_thread() is self._thread:
+            raise Busy("executor: a blocking verb on the executor's own worker thread (in a Deferred's callback, say) "
+                       "would wait for itself; use deferred() there")
 
     def stop(self) -> None:
         """Lets every verb already submitted run, then ends the thread."""

@@ -13,6 +13,7 @@ __all__ = [
     "Unsupported",
     "OutOfMemory",
     "StorageError",
+    "DeviceError",
 ]
 
 
@@ -33,7 +34,8 @@ class InvalidHandle(Error, RuntimeError):
 
 
 class Busy(Error, RuntimeError):
-    """An executor or mesh cannot be freed while a live trainer borrows it."""
+    """Something is in use: an executor or mesh a live trainer borrows, an `Arena` a verb in flight
+    lands in, or the executor's worker thread, where a blocking verb would wait for itself."""
 
 
 class Unsupported(Error, NotImplementedError):
@@ -48,6 +50,12 @@ class StorageError(Error, OSError):
     """Reading or writing a file failed; the message names the path and the reason."""
 
 
-for _error in (Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, Busy, Unsupported, OutOfMemory, StorageError):
+class DeviceError(Error, RuntimeError):
+    """The GPU failed: a CUDA error or a lost device; the message names the call. The run's state on
+    that device is unknown: free the trainer and resume from a checkpoint."""
+
+
+for _error in (Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, Busy, Unsupported, OutOfMemory, StorageError,
+               DeviceError):
     _error.__module__ = "uform"  # tracebacks show `uform.InvalidArgument`, where users import it from
 del _error

@@ -1,16 +1,28 @@
-"""What a step answers: its `Stats`, and the embeddings it scored as `Rows` inside an `Arena`."""
+"""What a step answers: its `Stats`, and the embeddings it scored as `Rows` of a `Scalar` inside an `Arena`."""
 
 from __future__ import annotations
 
+import enum
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from .config import Scalar
+from .errors import Busy
 
-__all__ = ["Stats", "Arena", "Rows", "Stepped"]
+__all__ = ["Scalar", "Stats", "Arena", "Rows", "Stepped"]
+
+
+class Scalar(str, enum.Enum):
+    """The scalar type outputs land in; `I8` stores `round(127 * x)` of unit-norm vectors."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    I8 = "i8"
+
 
 _ALIGNMENT = 64
 _ITEM_BYTES = {Scalar.F32: 4, Scalar.F16: 2, Scalar.BF16: 2, Scalar.I8: 1}
@@ -27,9 +39,11 @@ class Stats:
 
     Fields: `step` (after this update), `learning_rate` (used by this update), `loss` (the weighted
     total), `masked_loss`, `contrastive_loss`, `late_interaction_loss`, `choices_loss`, `grad_norm`
-    (before clipping), `items`, `tokens`, `truncated_items`, `skipped` (a non-finite loss or
-    gradient skipped the update), and `inverse_temperatures` and `biases` (one per temperature
-    group, the values this step scored with).
+    (before clipping), `items`, `tokens`, `truncated_items`, `masked_positions` (the positions the
+    masked term scored), `contrastive_rows` (the anchor rows the contrastive term counted),
+    `skipped` (no term scored anything, or a loss or the gradient was not finite: the weights, the
+    moments and `step` stayed as they were), and `inverse_temperatures` and `biases` (one per
+    temperature group, the values this step scored with).
     """
 
     __slots__ = ("_values",)
@@ -95,17 +109,33 @@ class Stats:
 class Arena:
     """Reusable memory where a step's embeddings land.
 
-    Pass it as `TrainerStepConfig(arena=...)`. It grows to the largest step it served and is reused
-    by the next: the `Rows` a step answers are views into it, valid until the arena's next use.
-    Copy them (`numpy.array(rows)`) to keep them longer. Each step that should keep its own
-    embeddings in flight (several deferred steps at once) needs its own arena.
+    Pass it as `TrainerStepConfig(arena=...)` or to `Encoder.embed`. It grows to the largest step it
+    served and is reused by the next: the `Rows` a step answers are views into it, valid until the
+    arena's next use. Copy them (`numpy.array(rows)`) to keep them longer. A verb claims the arena
+    from its submission until it finishes, so each deferred step in flight needs its own arena:
+    naming a claimed one raises `uform.Busy`.
     """
 
-    __slots__ = ("_storage", "_capacity", "__weakref__")
+    __slots__ = ("_storage", "_capacity", "_held", "__weakref__")
 
     def __init__(self) -> None:
         self._storage: Optional[np.ndarray] = None  # 64-byte aligned uint8 view
         self._capacity = 0
+        self._held = threading.Lock()  # from a verb's submission until it finishes, released on the worker
+
+    def _claim_for(self, call: Any, path: str) -> Any:
+        """`call`, holding the arena from now until it returns or raises; `Busy` naming `path` if another holds it."""
+        if not self._held.acquire(blocking=False):
+            raise Busy(f"{path}: a verb still in flight lands in this Arena; "
+                       "each deferred step in flight needs its own Arena")
+
+        def holding() -> Any:
+            try:
+                return call()
+            finally:
+                self._held.release()
+
+        return holding
 
     @property
     def capacity(self) -> int:
@@ -134,16 +164,25 @@ class Rows:
     converts any of them to float32. The view is valid until the arena's next use.
     """
 
-    __slots__ = ("_array", "_scalar")
+    __slots__ = ("_array", "_scalar", "_truncated_items")
 
-    def __init__(self, memory: np.ndarray, scalar: Scalar, shape: tuple) -> None:
+    def __init__(self, memory: np.ndarray, scalar: Scalar, shape: tuple, truncated_items: Optional[int] = None) -> None:
         self._scalar = Scalar(scalar)
         self._array = memory.view(_DTYPES[self._scalar]).reshape(shape)
+        self._truncated_items = truncated_items
 
     @property
     def scalar(self) -> Scalar:
         """The scalar type the rows landed as."""
         return self._scalar
+
+    @property
+    def truncated_items(self) -> Optional[int]:
+        """Items `Encoder.embed` cut to the checkpoint's `batch.max_columns_per_row` bytes.
+
+        None on a training step's rows, whose `Stats.truncated_items` counts them.
+        """
+        return self._truncated_items
 
     @property
     def shape(self) -> tuple:

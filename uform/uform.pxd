@@ -23,6 +23,7 @@ cdef extern from "uform.h" nogil:
         uform_status_out_of_memory_k
         uform_status_io_k
         uform_status_invalid_checkpoint_k
+        uform_status_device_k
 
     ctypedef enum uform_modality_t:
         uform_modality_text_k
@@ -153,6 +154,7 @@ cdef extern from "uform.h" nogil:
         const void* data
         const uint64_t* offsets
         size_t count
+        uint64_t size
 
     ctypedef struct uform_edges_view_t:
         const uint32_t* offsets
@@ -172,6 +174,8 @@ cdef extern from "uform.h" nogil:
         uint64_t items
         uint64_t tokens
         uint64_t truncated_items
+        uint64_t masked_positions
+        uint64_t contrastive_rows
         uint32_t skipped
         uint32_t temperature_groups
         float inverse_temperatures[UFORM_MAX_TEMPERATURE_GROUPS]
@@ -226,6 +230,7 @@ cdef extern from "uform.h" nogil:
         uform_tape_t contents
         void* embeddings
         uform_scalar_t embeddings_scalar
+        uint64_t truncated_items
 
     uform_status_t uform_encoder_load(uform_executor_t executor, const char* path, uform_encoder_t* encoder,
                                       size_t* hidden, const char** error)
