@@ -1,12 +1,12 @@
 """The CPU backend beside the PyTorch peer, same geometry, same process, same cores.
 
-    python bench/cpu.py [--peer ../shared/bench/torch_peer.py] [--threads 2]
+    python bench/cpu.py [--peer bench/torch_peer.py] [--threads 2]
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
 bytes each (one item per row), 15 % of positions shown as the mask id, items 2k and 2k + 1
 attracting and every other pair repelling under SigLIP's sigmoid loss. It prints one JSON line per
 run (tokens/s, step time) and the ratio uform / peer. The peer runs eager in float32 on the CPU;
-`torch` must be installed (`pip install torch`), the peer's file is read from `--peer`.
+`torch` must be installed (`pip install torch`); the peer is `bench/torch_peer.py`.
 """
 import argparse
 import importlib.util
@@ -53,7 +53,7 @@ def load_peer(path):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peer", default=os.path.join(here, "..", "..", "shared", "bench", "torch_peer.py"))
+    parser.add_argument("--peer", default=os.path.join(here, "torch_peer.py"))
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)

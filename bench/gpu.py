@@ -1,0 +1,90 @@
+"""The CUDA backend beside the PyTorch peer (`bench/torch_peer.py`), same geometry, same GPU, one process.
+
+    python bench/gpu.py                      # the three geometries of the performance target
+    python bench/gpu.py --geometry 12 512 64 512 --steps 30
+
+For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
+bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
+attracting and every other pair repelling under SigLIP's sigmoid loss. It prints one JSON line
+per run with tokens/s, the step time, MFU against a bf16 8192^3 matrix product timed in this run,
+and device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
+ratio of uform to the compiled peer. `torch` must be installed; the peer's modes are eager and
+compiled.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import time
+
+import numpy as np
+
+import uform
+
+GEOMETRIES = [(12, 512, 64, 512), (12, 512, 128, 512), (12, 768, 64, 512)]
+
+
+def flops_per_token(depth, hidden, cols):
+    """As the peer counts: 6 x the non-embedding parameters, plus attention's products, forward and backward."""
+    parameters = depth * (12 * hidden * hidden + 2 * hidden) + hidden + 256 * hidden + 2
+    return 6 * parameters + 6 * 2 * depth * cols * hidden
+
+
+def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch):
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, size=rows * cols, dtype=np.uint8)
+    offsets = np.arange(0, rows * cols + 1, cols, dtype=np.uint64)
+    batch = dict(modalities=[uform.Modality.TEXT] * rows, contents=uform.Tape(data, offsets),
+                 relations=dict(attract=uform.Edges(offsets=list(range(rows + 1)), ids=[i ^ 1 for i in range(rows)])))
+    config = dict(depth=depth, hidden=hidden, objective=uform.Objective.JOINT,
+                  batch=dict(max_rows_per_device=rows, max_columns_per_row=cols, max_segments_per_device=rows),
+                  masking=dict(token_mask_probability=0.15, token_mean_span=1, replace_fraction=1.0,
+                               random_fraction=1e-9),
+                  schedule=dict(steps=1000, learning_rate=1e-3))
+    free_before = torch.cuda.mem_get_info()[0]
+    with uform.Executor.for_vram() as executor, uform.Trainer.init_vram(executor, config) as trainer:
+        for step in range(warmup + steps):
+            if step == warmup:
+                start = time.perf_counter()
+            stats = trainer.step(batch).stats
+        seconds = (time.perf_counter() - start) / steps
+        held = free_before - torch.cuda.mem_get_info()[0]
+    tokens_per_s = rows * cols / seconds
+    return dict(peer="uform", depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
+                tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
+                peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)
+
+
+def load_peer():
+    spec = importlib.util.spec_from_file_location("torch_peer", os.path.join(os.path.dirname(__file__), "torch_peer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--geometry", type=int, nargs=4, action="append", metavar=("DEPTH", "HIDDEN", "ROWS", "COLS"))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-peer", action="store_true", help="time uform alone")
+    args = parser.parse_args()
+    peer = load_peer()
+    import torch
+
+    peak = peer.peak_bf16_tflops()
+    for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
+        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch)
+        print(json.dumps(ours), flush=True)
+        if args.no_peer:
+            continue
+        for mode in ("eager", "compile"):
+            theirs = peer.run(mode, depth, hidden, rows, cols, args.steps, args.warmup, peak)
+            print(json.dumps(theirs), flush=True)
+        print(json.dumps(dict(depth=depth, hidden=hidden, rows=rows, cols=cols,
+                              ratio_to_compiled=ours["tokens_per_s"] / theirs["tokens_per_s"])), flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+/**
+ *  @file   matmul.cu
+ *  @brief  d (m, n) = a (m, k) x b (k, n) [+ c] through cuBLASLt, bf16 operands, float32
+ *          accumulation, with the GELU and GELU-gradient epilogues fused where the model asks.
+ *
+ *  cuBLASLt is column-major; a row-major (m, n) matrix is its column-major transpose, so the
+ *  row-major d = a x b is computed as the column-major d^T = b^T x a^T: the operands swap places
+ *  and each keeps its own transposition flag. A product's descriptors and the algorithm the
+ *  heuristic picked are planned once per shape and kept: the same shape then runs the same
+ *  kernel, which makes its bits repeat run to run.
+ */
+#include <cublasLt.h>
+
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "vram.h"
+
+namespace {
+
+enum uform_vram_epilogue_t { uform_vram_plain_k, uform_vram_gelu_k, uform_vram_gelu_backward_k };
+
+typedef std::tuple<size_t, size_t, size_t, int, int, int, int, int> uform_vram_shape_t;
+
+struct uform_vram_product_t {
+    cublasLtMatmulDesc_t description = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algorithm;
+    ~uform_vram_product_t() {
+        if (description) cublasLtMatmulDescDestroy(description);
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (c) cublasLtMatrixLayoutDestroy(c);
+        if (d) cublasLtMatrixLayoutDestroy(d);
+    }
+};
+
+typedef std::map<uform_vram_shape_t, uform_vram_product_t*> uform_vram_products_t;
+
+enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
+
+uform_status_t uform_vram_blas(cublasStatus_t status, char const* call) {
+    if (status == CUBLAS_STATUS_SUCCESS) return uform_status_success_k;
+    return uform_vram_fail(NULL, status == CUBLAS_STATUS_ALLOC_FAILED ? uform_status_out_of_memory_k : uform_status_device_k,
+                           "%s: %s", call, cublasLtGetStatusString(status));
+}
+
+/* Plans one product: the operands as cuBLASLt sees them (b first), the epilogue, the algorithm. */
+uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t const& shape,
+                               uform_vram_product_t** planned) {
+    uform_vram_products_t* products = (uform_vram_products_t*)context->matmuls;
+    auto found = products->find(shape);
+    if (found != products->end()) {
+        *planned = found->second;
+        return uform_status_success_k;
+    }
+    size_t m, n, k;
+    int a_transposed, b_transposed, float_output, epilogue, residual;
+    std::tie(m, n, k, a_transposed, b_transposed, float_output, epilogue, residual) = shape;
+    (void)residual;
+    uform_vram_product_t* product = new (std::nothrow) uform_vram_product_t();
+    if (!product) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory to plan a matrix product");
+    cudaDataType_t output = float_output ? CUDA_R_32F : CUDA_R_16BF;
+    cublasOperation_t op_b = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uform_status_t status = uform_vram_blas(cublasLtMatmulDescCreate(&product->description, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                                            "cublasLtMatmulDescCreate");
+    /* cuBLASLt's first operand is b: (n, k) once transposed as asked; its second is a: (k, m). */
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatmulDescSetAttribute(product->description, CUBLASLT_MATMUL_DESC_TRANSA, &op_b,
+                                                                sizeof(op_b)),
+                                 "cublasLtMatmulDescSetAttribute (transa)");
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatmulDescSetAttribute(product->description, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
+                                                                sizeof(op_a)),
+                                 "cublasLtMatmulDescSetAttribute (transb)");
+    if (status == uform_status_success_k && epilogue != uform_vram_plain_k) {
+        cublasLtEpilogue_t chosen = epilogue == uform_vram_gelu_k ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DGELU;
+        int64_t aux_ld = (int64_t)n;
+        cudaDataType_t aux_type = CUDA_R_16BF;
+        status = uform_vram_blas(cublasLtMatmulDescSetAttribute(product->description, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                                &chosen, sizeof(chosen)),
+                                 "cublasLtMatmulDescSetAttribute (epilogue)");
+        if (status == uform_status_success_k)
+            status = uform_vram_blas(cublasLtMatmulDescSetAttribute(product->description,
+                                                                    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                                    sizeof(aux_ld)),
+                                     "cublasLtMatmulDescSetAttribute (aux ld)");
+        if (status == uform_status_success_k)
+            status = uform_vram_blas(cublasLtMatmulDescSetAttribute(product->description,
+                                                                    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                                                    &aux_type, sizeof(aux_type)),
+                                     "cublasLtMatmulDescSetAttribute (aux type)");
+    }
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatrixLayoutCreate(&product->a, CUDA_R_16BF, b_transposed ? k : n,
+                                                            b_transposed ? n : k, b_transposed ? k : n),
+                                 "cublasLtMatrixLayoutCreate (b)");
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatrixLayoutCreate(&product->b, CUDA_R_16BF, a_transposed ? m : k,
+                                                            a_transposed ? k : m, a_transposed ? m : k),
+                                 "cublasLtMatrixLayoutCreate (a)");
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatrixLayoutCreate(&product->c, output, n, m, n), "cublasLtMatrixLayoutCreate (c)");
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatrixLayoutCreate(&product->d, output, n, m, n), "cublasLtMatrixLayoutCreate (d)");
+    cublasLtMatmulPreference_t preference = nullptr;
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    size_t workspace = context->scratch_bytes[uform_vram_scratch_blas_k];
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatmulPreferenceSetAttribute(preference,
+                                                                      CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                      &workspace, sizeof(workspace)),
+                                 "cublasLtMatmulPreferenceSetAttribute");
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found_count = 0;
+    if (status == uform_status_success_k)
+        status = uform_vram_blas(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)context->blas, product->description,
+                                                                product->a, product->b, product->c, product->d,
+                                                                preference, 1, &heuristic, &found_count),
+                                 "cublasLtMatmulAlgoGetHeuristic");
+    if (preference) cublasLtMatmulPreferenceDestroy(preference);
+    if (status == uform_status_success_k && !found_count)
+        status = uform_vram_fail(NULL, uform_status_device_k,
+                                 "cuBLASLt has no algorithm for a %zu x %zu x %zu product (transposed %d, %d, epilogue %d)",
+                                 m, n, k, a_transposed, b_transposed, epilogue);
+    if (status != uform_status_success_k) {
+        delete product;
+        return status;
+    }
+    product->algorithm = heuristic.algo;
+    (*products)[shape] = product;
+    *planned = product;
+    return uform_status_success_k;
+}
+
+uform_status_t uform_vram_product(void* context_, void* d, void const* c, void const* a, void const* b, size_t m,
+                                  size_t n, size_t k, int a_transposed, int b_transposed, int float_output,
+                                  uform_vram_epilogue_t epilogue, void const* aux) {
+    uform_vram_context_t* context = uform_vram(context_);
+    if (!m || !n) return uform_status_success_k;
+    size_t element = float_output ? sizeof(float) : sizeof(uform_bf16_t);
+    if (!k) { /* nothing to multiply: d = c, or zero */
+        if (c == d) return uform_status_success_k;
+        cudaError_t error = c ? cudaMemcpyAsync(d, c, m * n * element, cudaMemcpyDeviceToDevice, context->stream)
+                              : cudaMemsetAsync(d, 0, m * n * element, context->stream);
+        return uform_vram_check(error, "an empty matrix product");
+    }
+    uform_vram_product_t* product;
+    uform_vram_shape_t shape(m, n, k, a_transposed, b_transposed, float_output, (int)epilogue, c != nullptr);
+    uform_status_t status = uform_vram_plan(context, shape, &product);
+    if (status != uform_status_success_k) return status;
+    if (epilogue != uform_vram_plain_k) {
+        status = uform_vram_blas(cublasLtMatmulDescSetAttribute(product->description,
+                                                                CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                                sizeof(aux)),
+                                 "cublasLtMatmulDescSetAttribute (aux pointer)");
+        if (status != uform_status_success_k) return status;
+    }
+    float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
+    return uform_vram_blas(cublasLtMatmul((cublasLtHandle_t)context->blas, product->description, &alpha, b, product->a,
+                                          a, product->b, &beta, c ? c : d, product->c, d, product->d,
+                                          &product->algorithm, context->scratch[uform_vram_scratch_blas_k],
+                                          context->scratch_bytes[uform_vram_scratch_blas_k], context->stream),
+                           "cublasLtMatmul");
+}
+
+} // namespace
+
+size_t uform_vram_blas_scratch(uform_plan_t const* plan) {
+    (void)plan;
+    return uform_vram_blas_workspace_k;
+}
+
+uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
+    context->matmuls = new (std::nothrow) uform_vram_products_t();
+    if (!context->matmuls) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for cuBLASLt's plans");
+    cublasLtHandle_t handle = nullptr;
+    uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
+    context->blas = handle;
+    return status;
+}
+
+void uform_vram_matmul_close(uform_vram_context_t* context) {
+    uform_vram_products_t* products = (uform_vram_products_t*)context->matmuls;
+    if (products) {
+        for (auto& entry : *products) delete entry.second;
+        delete products;
+    }
+    if (context->blas) cublasLtDestroy((cublasLtHandle_t)context->blas);
+    context->matmuls = context->blas = nullptr;
+}
+
+uform_status_t uform_vram_matmul(void* context, void* d, void const* c, void const* a, void const* b, size_t m,
+                                 size_t n, size_t k, int a_transposed, int b_transposed, uform_element_t d_element) {
+    return uform_vram_product(context, d, c, a, b, m, n, k, a_transposed, b_transposed, d_element == uform_element_f32_k,
+                              uform_vram_plain_k, nullptr);
+}
+
+uform_status_t uform_vram_matmul_gelu(void* context, void* activated, void* up, void const* a, void const* b, size_t m,
+                                      size_t n, size_t k) {
+    return uform_vram_product(context, activated, nullptr, a, b, m, n, k, 0, 1, 0, uform_vram_gelu_k, up);
+}
+
+uform_status_t uform_vram_matmul_gelu_backward(void* context, void* d_up, void const* up, void const* a, void const* b,
+                                               size_t m, size_t n, size_t k) {
+    return uform_vram_product(context, d_up, nullptr, a, b, m, n, k, 0, 0, 0, uform_vram_gelu_backward_k, up);
+}

@@ -1,0 +1,75 @@
+/**
+ *  @file   rope.cu
+ *  @brief  Rotary positions on the query and key thirds of qkv (tokens, 3 hidden), in place, and
+ *          the inverse rotation of their gradients. Twin of `ram/rope.c`.
+ *
+ *  Each 64-wide head rotates its pairs (x[2i], x[2i+1]) by position * 10000^(-2i/64). One thread
+ *  per (token, pair index i): it computes that angle's cosine and sine once, in double with
+ *  `sincospi` (the frequencies, divided by pi, are computed on the host in double and passed as a
+ *  kernel argument), rounds them to float as the CPU does, and rotates pair i of every query and
+ *  key head of its token. The 32 threads of a warp cover one head's 64 contiguous values, so each
+ *  access is one 128-byte line. Every element is written by one thread: deterministic.
+ */
+#include "vram.h"
+
+namespace {
+
+constexpr int uform_vram_rope_pairs_k = uform_head_width_k / 2;
+constexpr unsigned uform_vram_rope_threads_k = 256;
+
+/** pow(10000, -2i / 64) / pi, in double, for the pairs i of a head. */
+struct uform_vram_rope_frequencies_t {
+    double over_pi[uform_vram_rope_pairs_k];
+};
+
+__global__ void uform_vram_rope_kernel(__nv_bfloat162* __restrict__ qkv, uint32_t const* __restrict__ positions,
+                                       size_t tokens, size_t hidden, uform_vram_rope_frequencies_t frequencies,
+                                       double sign) {
+    size_t total = tokens * uform_vram_rope_pairs_k, stride = (size_t)gridDim.x * blockDim.x;
+    size_t rotated_heads = 2 * (hidden / uform_head_width_k); /* queries' heads, then keys' */
+    size_t row_pairs = 3 * hidden / 2;
+    for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
+        size_t token = index / uform_vram_rope_pairs_k;
+        int pair = (int)(index % uform_vram_rope_pairs_k);
+        double sine, cosine;
+        sincospi((double)positions[token] * frequencies.over_pi[pair], &sine, &cosine);
+        float c = (float)cosine, s = (float)(sign * sine);
+        __nv_bfloat162* row = qkv + token * row_pairs + pair;
+        for (size_t head = 0; head < rotated_heads; ++head) {
+            __nv_bfloat162* at = row + head * uform_vram_rope_pairs_k;
+            float2 x = __bfloat1622float2(*at);
+            *at = __floats2bfloat162_rn(x.x * c - x.y * s, x.x * s + x.y * c);
+        }
+    }
+}
+
+uform_status_t uform_vram_rope_rotate(void* context, void* qkv, uint32_t const* positions, size_t tokens,
+                                      size_t hidden, double sign, char const* name) {
+    if (!tokens || hidden < uform_head_width_k) return uform_status_success_k;
+    if ((hidden * 3) % 2 || (uintptr_t)qkv % 4)
+        return uform_vram_fail(NULL, uform_status_invalid_argument_k, "%s: hidden %zu or qkv is misaligned", name,
+                               hidden);
+    uform_vram_rope_frequencies_t frequencies;
+    double const pi = 3.14159265358979323846;
+    for (int pair = 0; pair < uform_vram_rope_pairs_k; ++pair)
+        frequencies.over_pi[pair] = pow(10000.0, -2.0 * pair / (double)uform_head_width_k) / pi;
+    size_t work = tokens * uform_vram_rope_pairs_k;
+    size_t cap = (size_t)(uform_vram(context)->multiprocessors > 0 ? uform_vram(context)->multiprocessors : 1) * 16;
+    size_t blocks = uform_vram_blocks(work, uform_vram_rope_threads_k);
+    uform_vram_rope_kernel<<<(unsigned)(blocks < cap ? blocks : cap), uform_vram_rope_threads_k, 0,
+                             uform_vram(context)->stream>>>((__nv_bfloat162*)qkv, positions, tokens, hidden,
+                                                            frequencies, sign);
+    return uform_vram_launched(name);
+}
+
+} // namespace
+
+uform_status_t uform_vram_rope_forward(void* context, void* qkv, uint32_t const* positions, size_t tokens,
+                                       size_t hidden) {
+    return uform_vram_rope_rotate(context, qkv, positions, tokens, hidden, 1.0, "uform_vram_rope_forward");
+}
+
+uform_status_t uform_vram_rope_backward(void* context, void* d_qkv, uint32_t const* positions, size_t tokens,
+                                        size_t hidden) {
+    return uform_vram_rope_rotate(context, d_qkv, positions, tokens, hidden, -1.0, "uform_vram_rope_backward");
+}

@@ -1,0 +1,157 @@
+/**
+ *  @file   vram.h
+ *  @brief  The CUDA backend's shared pieces: its context, its scratch, error checks, bfloat16.
+ *
+ *  One file per operation, as in `ram/`, each with its kernels and their host launcher side by
+ *  side. Launchers enqueue on the context's stream and return at once; a kernel's failure at
+ *  launch is reported by the launcher (`uform_vram_launched`), one during execution by the next
+ *  `synchronize`. Activations are `__nv_bfloat16`; arithmetic is float32, reductions that the
+ *  core reads are double. No kernel uses atomics on floats, so every result is the same bits run
+ *  after run: each sum is split into fixed pieces and the pieces are added in a fixed order.
+ */
+#ifndef UFORM_VRAM_H_
+#define UFORM_VRAM_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend.h"
+
+typedef __nv_bfloat16 uform_bf16_t;
+
+/** The core's message formatter, handed over when the plug-in is loaded. */
+extern uform_fail_t uform_vram_fail;
+
+/** Scratch the context plans once, one region per operation that needs one. */
+typedef enum uform_vram_scratch_t {
+    uform_vram_scratch_blas_k = 0,        /* cuBLASLt's workspace */
+    uform_vram_scratch_attention_k,       /* the attention library's workspace and item offsets */
+    uform_vram_scratch_rmsnorm_k,         /* partial sums of the gain's gradient */
+    uform_vram_scratch_reduce_k,          /* partial sums of losses and of the squared norm */
+    uform_vram_scratch_contrastive_k,     /* the contrastive term's rows, in double */
+    uform_vram_scratch_adamw_k,           /* the layout's tensors, as AdamW walks them */
+    uform_vram_scratch_count_k,
+} uform_vram_scratch_t;
+
+typedef struct uform_vram_device_t {
+    int ordinal;
+    int multiprocessors;
+    char name[256];
+} uform_vram_device_t;
+
+typedef struct uform_vram_context_t {
+    int ordinal, multiprocessors;
+    cudaStream_t stream;
+    void* blas;      /* cublasLtHandle_t */
+    void* matmuls;   /* matmul.cu's cache of planned products */
+    void* attention; /* attention.cu's handle and cache of planned graphs */
+    uform_plan_t plan;
+    void* scratch[uform_vram_scratch_count_k];
+    size_t scratch_bytes[uform_vram_scratch_count_k];
+} uform_vram_context_t;
+
+/* Every operation file says how much scratch it plans for; backend.cu takes it all at once. */
+size_t uform_vram_blas_scratch(uform_plan_t const* plan);
+size_t uform_vram_attention_scratch(uform_plan_t const* plan);
+size_t uform_vram_rmsnorm_scratch(uform_plan_t const* plan);
+size_t uform_vram_reduce_scratch(uform_plan_t const* plan);
+size_t uform_vram_contrastive_scratch(uform_plan_t const* plan);
+size_t uform_vram_adamw_scratch(uform_plan_t const* plan);
+
+/* Handles some files keep in the context beside their scratch. */
+uform_status_t uform_vram_matmul_open(uform_vram_context_t* context);
+void uform_vram_matmul_close(uform_vram_context_t* context);
+uform_status_t uform_vram_attention_open(uform_vram_context_t* context);
+/** Lays out `items` for cuDNN: lengths (count), and offsets (count + 1) of their qkv and output rows. */
+uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t* lengths, int64_t* ragged_qkv,
+                                         int64_t* ragged_o, uform_items_t const* items, size_t hidden);
+void uform_vram_attention_close(uform_vram_context_t* context);
+/** Fills the AdamW scratch with the plan's layout: once, at context creation. */
+uform_status_t uform_vram_adamw_plan(uform_vram_context_t* context);
+
+/** A CUDA call's error as a status naming the call. */
+static inline uform_status_t uform_vram_check(cudaError_t error, char const* call) {
+    if (error == cudaSuccess) return uform_status_success_k;
+    (void)cudaGetLastError(); /* clear a sticky launch error so the next call starts clean */
+    uform_status_t status = error == cudaErrorMemoryAllocation ? uform_status_out_of_memory_k : uform_status_device_k;
+    return uform_vram_fail(NULL, status, "%s: %s (%s)", call, cudaGetErrorString(error), cudaGetErrorName(error));
+}
+
+/** After a launch: whether the kernel was accepted. */
+static inline uform_status_t uform_vram_launched(char const* kernel) { return uform_vram_check(cudaGetLastError(), kernel); }
+
+static inline uform_vram_context_t* uform_vram(void* context) { return (uform_vram_context_t*)context; }
+
+#if defined(__CUDACC__)
+/** Eight bf16 values of one 16-byte load as floats, and back, rounding to nearest even. */
+__device__ __forceinline__ void uform_vram_unpack8(uint4 bits, float (&values)[8]) {
+    __nv_bfloat162 const* pairs = reinterpret_cast<__nv_bfloat162 const*>(&bits);
+#pragma unroll
+    for (int k = 0; k != 4; ++k) {
+        float2 pair = __bfloat1622float2(pairs[k]);
+        values[2 * k] = pair.x, values[2 * k + 1] = pair.y;
+    }
+}
+
+__device__ __forceinline__ uint4 uform_vram_pack8(float const (&values)[8]) {
+    uint4 bits;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&bits);
+#pragma unroll
+    for (int k = 0; k != 4; ++k) pairs[k] = __floats2bfloat162_rn(values[2 * k], values[2 * k + 1]);
+    return bits;
+}
+#endif
+
+static inline unsigned uform_vram_blocks(size_t count, unsigned threads) {
+    size_t blocks = (count + threads - 1) / threads;
+    return (unsigned)(blocks ? blocks : 1);
+}
+
+/* Operations, one file each; the table in backend.cu points at them. */
+uform_status_t uform_vram_matmul(void* context, void* d, void const* c, void const* a, void const* b, size_t m,
+                                 size_t n, size_t k, int a_transposed, int b_transposed, uform_element_t d_element);
+uform_status_t uform_vram_matmul_gelu(void* context, void* activated, void* up, void const* a, void const* b, size_t m,
+                                      size_t n, size_t k);
+uform_status_t uform_vram_matmul_gelu_backward(void* context, void* d_up, void const* up, void const* a, void const* b,
+                                               size_t m, size_t n, size_t k);
+uform_status_t uform_vram_embedding_forward(void* context, void* out, void const* table, uint32_t const* ids,
+                                            size_t tokens, size_t hidden);
+uform_status_t uform_vram_embedding_backward(void* context, float* d_table, void const* d_out, uint32_t const* order,
+                                             uint32_t const* order_offsets, size_t tokens, size_t hidden,
+                                             size_t vocabulary);
+uform_status_t uform_vram_rmsnorm_forward(void* context, void* out, float* rstd, void const* x, float const* gain,
+                                          size_t tokens, size_t hidden);
+uform_status_t uform_vram_rmsnorm_backward(void* context, void* d_x, float* d_gain, void const* d_out, void const* x,
+                                           float const* gain, float const* rstd, size_t tokens, size_t hidden);
+uform_status_t uform_vram_rope_forward(void* context, void* qkv, uint32_t const* positions, size_t tokens,
+                                       size_t hidden);
+uform_status_t uform_vram_rope_backward(void* context, void* d_qkv, uint32_t const* positions, size_t tokens,
+                                        size_t hidden);
+size_t uform_vram_statistics_floats(uform_plan_t const* plan);
+uform_status_t uform_vram_attention_forward(void* context, void* out, float* statistics, void const* qkv,
+                                            uform_items_t const* items, size_t tokens, size_t hidden);
+uform_status_t uform_vram_attention_backward(void* context, void* d_qkv, void const* d_out, void const* out,
+                                             float const* statistics, void const* qkv, uform_items_t const* items,
+                                             size_t tokens, size_t hidden);
+uform_status_t uform_vram_gelu_forward(void* context, void* out, void const* in, size_t count);
+uform_status_t uform_vram_gelu_backward(void* context, void* d_in, void const* d_out, void const* in, size_t count);
+uform_status_t uform_vram_gather_rows(void* context, void* out, void const* in, uint32_t const* rows, size_t count,
+                                      size_t width);
+uform_status_t uform_vram_scatter_rows(void* context, void* d_in, void const* d_out, uint32_t const* rows,
+                                       size_t count, size_t width);
+uform_status_t uform_vram_pool_forward(void* context, float* pooled, void const* states, uform_items_t const* items,
+                                       size_t hidden);
+uform_status_t uform_vram_pool_backward(void* context, void* d_states, float const* d_pooled,
+                                        uform_items_t const* items, size_t hidden);
+uform_status_t uform_vram_cross_entropy(void* context, double* loss, void* d_logits, void const* logits,
+                                        uint32_t const* targets, size_t count, size_t classes, float scale);
+uform_status_t uform_vram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
+                                      float* d_bias, float* normalized, float const* pooled,
+                                      float const* log_inverse_temperature, float const* bias, uint8_t const* cells,
+                                      float const* weights, uint32_t const* groups, size_t items, size_t hidden,
+                                      uform_contrastive_setup_t const* setup, float scale);
+uform_status_t uform_vram_sum_squares(void* context, double* sum, float const* x, size_t count);
+uform_status_t uform_vram_adamw(void* context, uform_update_t const* update);
+uform_status_t uform_vram_convert(void* context, void* activations, float const* source, size_t count);
+
+#endif /* UFORM_VRAM_H_ */

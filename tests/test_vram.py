@@ -1,0 +1,287 @@
+"""The CUDA backend against the CPU reference, on fresh random inputs: every operation, whole steps,
+determinism, resume across backends, inference in every scalar type, bad input.
+
+Skipped, never faked, where this build or machine has no GPU backend. Inputs that travel as
+activations are rounded to bfloat16 first, so both backends read the same numbers and the
+differences measured are the GPU's own: its bf16 outputs (relative rounding 2^-9), float32
+accumulation in another order, and cuDNN's attention. Tolerances are on the relative error
+‖gpu − cpu‖ / ‖cpu‖: 1e-2 for bf16 outputs, 1e-4 for float32 outputs of float32 arithmetic on
+identical inputs, and 5e-2 for whole passes through a model, where rounding compounds.
+"""
+import numpy as np
+import pytest
+
+import uform
+
+testing = pytest.importorskip("uform._testing")
+
+pytestmark = pytest.mark.skipif(not testing.available("vram"), reason="no CUDA backend in this build or no GPU here")
+
+BF16, F32, MODEL = 1e-2, 1e-4, 5e-2
+
+
+def relative(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert np.isfinite(actual).all(), "the GPU gave non-finite values"
+    return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+
+
+def close(actual, expected, tolerance):
+    error = relative(actual, expected)
+    assert error <= tolerance, f"relative error {error:.3g} > {tolerance:g}"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()  # fresh inputs every run: the kernels must hold on any
+
+
+def act(rng, *shape, scale=1.0):
+    """Random activations, already bf16-exact, so both backends read the same values."""
+    return testing.round_to("vram", rng.standard_normal(shape) * scale)
+
+
+def both(operation, *args, **kwargs):
+    return operation(*args, backend="ram", **kwargs), operation(*args, backend="vram", **kwargs)
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 1 << 20])
+def test_memory(size):
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    fresh, uploaded, zeroed = testing.memory_roundtrip(data, backend="vram")
+    assert not fresh.any() and not zeroed.any() and uploaded.tobytes() == data
+
+
+@pytest.mark.parametrize("a_transposed, b_transposed", [(0, 1), (0, 0), (1, 0)])
+@pytest.mark.parametrize("m, n, k", [(512, 384, 128), (37, 256, 128), (256, 128, 333)])
+def test_matmul(rng, m, n, k, a_transposed, b_transposed):
+    a, b, c = act(rng, m, k), act(rng, k, n), act(rng, m, n)
+    a = np.ascontiguousarray(a.T) if a_transposed else a
+    b = np.ascontiguousarray(b.T) if b_transposed else b
+    for kwargs in (dict(), dict(c=c), dict(c=c, accumulate=True), dict(c=c, accumulate=True, float_output=True)):
+        cpu, gpu = both(testing.matmul, a, b, a_transposed=a_transposed, b_transposed=b_transposed, **kwargs)
+        close(gpu, cpu, F32 if kwargs.get("float_output") else BF16)
+
+
+def test_matmul_gelu_fusions(rng):
+    a, w_up, w_down = act(rng, 300, 128), act(rng, 512, 128, scale=0.1), act(rng, 128, 512, scale=0.1)
+    activated, up = testing.matmul_gelu(a, w_up, backend="vram")
+    close(up, testing.matmul(a, w_up, b_transposed=True), BF16)
+    close(activated, testing.gelu_forward(up), BF16)
+    d = act(rng, 300, 128)
+    fused = testing.matmul_gelu_backward(d, w_down, up, backend="vram")
+    close(fused, testing.gelu_backward(testing.matmul(d, w_down), up), BF16)
+
+
+def test_embedding(rng):
+    table, ids = act(rng, 260, 256), rng.integers(0, 260, 2000).astype(np.uint32)
+    cpu, gpu = both(testing.embedding_forward, table, ids)
+    assert np.array_equal(cpu, gpu)
+    d_table, d_out = rng.standard_normal((260, 256)).astype(np.float32), act(rng, 2000, 256)
+    cpu, gpu = both(testing.embedding_backward, d_table, d_out, ids)
+    close(gpu, cpu, F32)
+
+
+def test_rmsnorm(rng):
+    x, gain = act(rng, 1000, 256, scale=3.0), (1 + 0.3 * rng.standard_normal(256)).astype(np.float32)
+    (cpu, cpu_rstd), (gpu, gpu_rstd) = both(testing.rmsnorm_forward, x, gain)
+    close(gpu, cpu, BF16)
+    close(gpu_rstd, cpu_rstd, F32)
+    d_x, d_gain, d_out = act(rng, 1000, 256), rng.standard_normal(256).astype(np.float32), act(rng, 1000, 256)
+    (cpu, cpu_gain), (gpu, gpu_gain) = both(testing.rmsnorm_backward, d_x, d_gain, d_out, x, gain, cpu_rstd)
+    close(gpu, cpu, BF16)
+    close(gpu_gain, cpu_gain, F32)
+
+
+def test_rope(rng):
+    qkv, positions = act(rng, 700, 3 * 256), rng.integers(0, 4096, 700).astype(np.uint32)
+    for operation in (testing.rope_forward, testing.rope_backward):
+        cpu, gpu = both(operation, qkv, positions)
+        close(gpu, cpu, BF16)
+        assert np.array_equal(gpu[:, 512:], qkv[:, 512:])  # values are not rotated
+
+
+@pytest.mark.parametrize("lengths", [[512] * 8, [1, 511, 64, 3, 200], [37]])
+def test_attention(rng, lengths):
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    segments, tokens, hidden = list(zip(starts, lengths)), sum(lengths), 256
+    qkv = act(rng, tokens, 3 * hidden, scale=1.5)
+    (cpu, lse), (gpu, statistics) = both(testing.attention_forward, qkv, segments)
+    close(gpu, cpu, BF16)
+    d_out = act(rng, tokens, hidden)
+    cpu_d = testing.attention_backward(d_out, cpu, lse, qkv, segments)
+    gpu_d = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments, backend="vram")
+    close(gpu_d, cpu_d, 2 * BF16)
+    again = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments, backend="vram")
+    assert np.array_equal(again, gpu_d)  # the deterministic backward
+
+
+def test_attention_leaves_gaps_zero(rng):
+    segments, tokens, hidden = [(0, 4), (4, 1), (5, 3)], 9, 128  # token 8 belongs to no item
+    qkv, d_out = act(rng, tokens, 3 * hidden), act(rng, tokens, hidden)
+    out, statistics = testing.attention_forward(qkv, segments, backend="vram")
+    d_qkv = testing.attention_backward(d_out, out, statistics, qkv, segments, backend="vram")
+    assert not d_qkv[8].any() and np.isfinite(d_qkv).all()
+
+
+def test_elementwise_and_rows(rng):
+    x, d = act(rng, 333, 512, scale=2.0), act(rng, 333, 512)
+    cpu, gpu = both(testing.gelu_forward, x)
+    close(gpu, cpu, BF16)
+    cpu, gpu = both(testing.gelu_backward, d, x, in_place=True)
+    close(gpu, cpu, BF16)
+    rows = rng.permutation(333)[:100].astype(np.uint32)
+    cpu, gpu = both(testing.gather_rows, x, rows)
+    assert np.array_equal(cpu, gpu)
+    cpu, gpu = both(testing.scatter_rows, x, act(rng, 100, 512), rows)
+    close(gpu, cpu, BF16)
+    segments = [(0, 100), (100, 1), (101, 232)]
+    cpu, gpu = both(testing.pool_forward, x, segments)
+    close(gpu, cpu, F32)
+    cpu, gpu = both(testing.pool_backward, d, rng.standard_normal((3, 512)).astype(np.float32), segments)
+    close(gpu, cpu, BF16)
+
+
+def test_cross_entropy(rng):
+    logits, targets = act(rng, 900, 256, scale=4.0), rng.integers(0, 256, 900).astype(np.uint32)
+    (cpu_loss, cpu), (gpu_loss, gpu) = both(testing.cross_entropy, logits, targets, 0.7)
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-5)
+    close(gpu, cpu, BF16)
+    loss, _ = testing.cross_entropy(np.zeros((0, 256), np.float32), np.zeros(0, np.uint32), backend="vram")
+    assert np.isnan(loss)
+
+
+@pytest.mark.parametrize("form", ["sigmoid", "balanced", "ranked"])
+def test_contrastive(rng, form):
+    items, hidden = 48, 256
+    pooled = (rng.standard_normal((items, hidden)) + 0.7 * rng.standard_normal(hidden)).astype(np.float32)
+    cells = rng.choice([0, 1, 2, 2, 2], size=(items, items)).astype(np.uint8)
+    np.fill_diagonal(cells, 0)
+    weights = np.where(cells > 0, rng.uniform(0.2, 2.0, (items, items)), 0).astype(np.float32)
+    groups = rng.integers(0, 3, items).astype(np.uint32)
+    temperatures, biases = np.log([10.0, 5.0, 20.0]).astype(np.float32), np.array([-10, -5, 0], np.float32)
+    cpu, gpu = both(testing.contrastive, pooled, temperatures, biases, cells, weights, groups, [64, 256], form)
+    assert gpu[0] == pytest.approx(cpu[0], rel=1e-9)  # double arithmetic on both
+    for gpu_part, cpu_part in zip(gpu[1:], cpu[1:]):
+        close(gpu_part, cpu_part, 1e-6)
+
+
+def test_sum_squares_and_adamw(rng):
+    x = rng.standard_normal(3_000_017).astype(np.float32)
+    cpu, gpu = both(testing.sum_squares, x)
+    assert gpu == pytest.approx(cpu, rel=1e-12)
+    weights, gradients = rng.standard_normal(100_003).astype(np.float32), rng.standard_normal(100_003).astype(np.float32)
+    first, second = rng.standard_normal(100_003).astype(np.float32), rng.random(100_003).astype(np.float32)
+    settings = dict(learning_rate=1e-3, beta1=0.9, beta2=0.95, epsilon=1e-8, weight_decay=0.1, gradient_scale=0.5, step=7)
+    cpu, gpu = both(testing.adamw, weights, gradients, first, second, **settings)
+    for part in range(3):
+        close(gpu[part], cpu[part], 1e-6)
+    close(gpu[3], gpu[0], BF16)  # the compute copy is the new weights, rounded
+    poisoned = testing.adamw(weights, gradients, first, second, losses=(np.inf, np.nan), backend="vram", **settings)
+    assert np.array_equal(poisoned[0], weights) and np.array_equal(poisoned[1], first)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole steps through the public API
+# ---------------------------------------------------------------------------------------------
+
+CONFIG = dict(depth=2, hidden=128, objective=uform.Objective.JOINT, seed=7,
+              batch=dict(max_rows_per_device=16, max_columns_per_row=128, max_segments_per_device=16),
+              schedule=dict(steps=100, warmup_steps=2))
+
+
+def batch(rng, count=12):
+    texts = ["".join(chr(c) for c in rng.integers(97, 123, rng.integers(20, 120))) for _ in range(count)]
+    pairs = [i ^ 1 for i in range(count)]
+    return dict(modalities=[uform.Modality.TEXT] * count, contents=texts,
+                relations=dict(attract=uform.Edges(offsets=list(range(count + 1)), ids=pairs)))
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    with uform.Executor.for_vram() as executor:
+        yield executor
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    with uform.Executor.for_ram(threads=2) as executor:
+        yield executor
+
+
+@pytest.mark.parametrize("form", ["sigmoid", "balanced", "ranked"])
+@pytest.mark.parametrize("objective", [uform.Objective.MASKED, uform.Objective.CONTRASTIVE, uform.Objective.JOINT])
+def test_step_matches_the_cpu(rng, cpu, gpu, objective, form):
+    config = dict(CONFIG, objective=objective, contrastive=dict(pair_loss=form, matryoshka_dimensions=[64, 128],
+                                                                temperature_groups=2))
+    step = dict(batch(rng), temperature_groups=[i % 2 for i in range(12)])
+    with uform.Trainer.init_ram(cpu, config) as reference, uform.Trainer.init_vram(gpu, config) as trainer:
+        assert np.array_equal(reference._weights(), trainer._weights())  # the same keyed draws
+        (stats, gradients), (gpu_stats, gpu_gradients) = reference._probe(step), trainer._probe(step)
+        assert gpu_stats.loss == pytest.approx(stats.loss, rel=MODEL)
+        assert gpu_stats.masked_positions == stats.masked_positions
+        assert gpu_stats.contrastive_rows == stats.contrastive_rows
+        close(gpu_gradients, gradients, MODEL)
+        reference.step(step), trainer.step(step)
+        # AdamW moves each weight by about the learning rate whatever its gradient's size, so the few
+        # gradients near zero whose sign bf16 flips move the whole way the other way: 2e-3, not 1e-4.
+        close(trainer._weights(), reference._weights(), 2e-3)
+
+
+def test_runs_repeat_bit_for_bit(rng, gpu):
+    steps = [batch(rng) for _ in range(3)]
+
+    def run():
+        with uform.Trainer.init_vram(gpu, CONFIG) as trainer:
+            losses = [trainer.step(step).stats.loss for step in steps]
+            return losses, trainer._weights()
+
+    first, second = run(), run()
+    assert first[0] == second[0]
+    assert first[1].tobytes() == second[1].tobytes()
+
+
+def test_resume_across_backends(rng, cpu, gpu, tmp_path):
+    steps = [batch(rng) for _ in range(4)]
+    with uform.Trainer.init_vram(gpu, CONFIG) as trainer:
+        for step in steps[:2]:
+            trainer.step(step)
+        trainer.save(tmp_path / "gpu.safetensors")
+        weights = trainer._weights()
+        later = [trainer.step(step).stats.loss for step in steps[2:]]
+    with uform.Trainer.init_ram(cpu, dict(CONFIG, resume=str(tmp_path / "gpu.safetensors"))) as resumed:
+        assert resumed._weights().tobytes() == weights.tobytes()
+        resumed.save(tmp_path / "cpu.safetensors")
+    with uform.Trainer.init_vram(gpu, dict(CONFIG, resume=str(tmp_path / "cpu.safetensors"))) as again:
+        assert [again.step(step).stats.loss for step in steps[2:]] == later  # bitwise: same GPU, same state
+
+
+@pytest.mark.parametrize("scalar", list(uform.Scalar))
+def test_inference_in_every_scalar_type(rng, cpu, gpu, tmp_path, scalar):
+    path = tmp_path / "model.safetensors"
+    with uform.Trainer.init_ram(cpu, CONFIG) as trainer:
+        trainer.step(batch(rng))
+        trainer.save(path)
+    texts = batch(rng, 40)["contents"]
+    with uform.Encoder.load(path, cpu) as reference, uform.Encoder.load(path, gpu) as encoder:
+        expected = reference.embed([uform.Modality.TEXT] * 40, texts).to_float32()
+        actual = encoder.embed([uform.Modality.TEXT] * 40, texts, scalar=scalar).to_float32()
+    assert (np.sum(expected * actual, axis=1) > 0.99).all()
+
+
+def test_bad_input_is_refused_as_on_the_cpu(cpu, gpu):
+    bad = dict(modalities=[uform.Modality.TEXT] * 2, contents=["a", "b"],
+               relations=dict(attract=uform.Edges(offsets=[0, 1, 2], ids=[5, 0])))
+    messages = []
+    for executor, init in ((cpu, uform.Trainer.init_ram), (gpu, uform.Trainer.init_vram)):
+        with init(executor, CONFIG) as trainer:
+            with pytest.raises(uform.InvalidArgument) as refused:
+                trainer.step(bad)
+            messages.append(str(refused.value))
+            assert not trainer.step(batch(np.random.default_rng(1))).stats.skipped
+    assert messages[0] == messages[1]
+
+
+def test_more_devices_are_unsupported_by_name():
+    with pytest.raises(uform.Unsupported, match="devices"):
+        uform.Executor.for_vram([0, 1])
