@@ -248,7 +248,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
 static void fuzz_check_counter(int t) {
     static uform_modality_t const text[1] = {uform_modality_text_k};
     static uint64_t const offsets[2] = {0, 1};
-    uform_trainer_step_t step = {.count = 1, .modalities = text, .contents = {"x", offsets, 1}};
+    uform_trainer_step_t step = {.count = 1, .modalities = text, .contents = {"x", offsets, 1, 1}};
     char const* error = NULL;
     uform_status_t status = uform_trainer_step(fuzz_trainers[t], &step, &error);
     if (status != uform_status_success_k) fuzz_die("a one-byte batch was refused", status, error);

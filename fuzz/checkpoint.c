@@ -101,7 +101,7 @@ int LLVMFuzzerTestOneInput(uint8_t const* data, size_t size) {
         static uint64_t const offsets[3] = {0, 5, 9};
         float* embeddings = malloc(2 * hidden * sizeof(float));
         if (!embeddings) abort();
-        uform_encoder_embed_t embed = {2, text, {"fuzz items", offsets, 2}, embeddings, uform_scalar_f32_k};
+        uform_encoder_embed_t embed = {2, text, {"fuzz items", offsets, 2, 10}, embeddings, uform_scalar_f32_k};
         status = uform_encoder_embed(encoder, &embed, &error);
         if (status != uform_status_success_k) fuzz_die("a loaded encoder failed to embed", status, error);
         free(embeddings);

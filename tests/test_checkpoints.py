@@ -378,7 +378,7 @@ def test_a_config_claiming_another_geometry(cpu, good, tmp_path):
                             (dict(contrastive=dict(temperature_groups=65)),
                              r"records a config no trainer takes: config\.contrastive\.temperature_groups: 65"),
                             (dict(batch=dict(max_rows_per_device=1, max_columns_per_row=2**20)),
-                             r"records config\.batch\.max_columns_per_row = 1048576; an encoder packs at most 16384")):
+                             r"config\.batch\.max_columns_per_row: 1048576 is over 16384, the longest row an encoder embeds")):
         checkpoint.write(path, config_text(checkpoint, json.dumps(dict(checkpoint.config, **change))))
         refused(cpu, path, uform.InvalidCheckpoint, message, resume=False)
 

@@ -309,6 +309,8 @@ class Trainer:
             raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
         if mesh is not None and not isinstance(mesh, Mesh):
             raise InvalidArgument(f"mesh: expected a uform.Mesh, got {type(mesh).__name__}")
+        if executor.kind != ("vram" if vram else "ram"):
+            raise InvalidArgument(f"executor: a {executor.kind.upper()} executor; use Trainer.init_{executor.kind}")
         normalized = normalize_trainer_config(config)
         native = _native.TrainerHandle.init(
             vram, executor._handle(), normalized, None if mesh is None else mesh._handle()

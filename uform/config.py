@@ -459,8 +459,8 @@ class TrainerConfig:
     """A training run's geometry, objectives and schedule.
 
     `depth`, `hidden`, `objective` and `schedule.steps` are required: absent (or None), each raises
-    `InvalidArgument` naming it, `config.depth: missing; ...`, before any C call. The dataclass also
-    takes `batch` and `schedule` positionally, as the seed marks them, yet **a config without `batch`
+    `InvalidArgument` naming it, `config.depth: missing; ...`, before any C call (the dataclass, like
+    any, raises `TypeError` when one is left out of its constructor). **A config without `batch`
     derives 64 rows of 512 columns per device** (see `BatchShape`): give it whenever items are short.
     """
 
@@ -468,11 +468,11 @@ class TrainerConfig:
                         doc="Transformer blocks stacked; required.")
     hidden: int = _field(_Required(_Unsigned(32, multiple=128), "the embedding width, a multiple of 128"),
                          required=True, doc="Embedding width, a multiple of 128; required.")
-    batch: Union[BatchShape, dict, None] = _field(_Nested(BatchShape), required=True,
-                                                  doc="Absent derives 64 rows of 512 columns per device.")
     objective: Union[Objective, str] = _field(_Required(_Choice(Objective, "objective"), f"one of {_names(Objective)}"),
                                               required=True, doc="Which losses the run relaxes; required.")
     schedule: Union[Schedule, dict] = _field(_Nested(Schedule), required=True, doc="Its `steps` are required.")
+    batch: Union[BatchShape, dict, None] = _field(_Nested(BatchShape),
+                                                  doc="Absent derives 64 rows of 512 columns per device.")
     resume: Union[str, os.PathLike, None] = _field(_Path(), doc="The checkpoint to continue from.")
     masking: Union[Masking, dict, None] = _field(_Nested(Masking))
     contrastive: Union[Contrastive, dict, None] = _field(_Nested(Contrastive))

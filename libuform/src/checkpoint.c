@@ -885,7 +885,7 @@ static uform_status_t uform_tensor_read(FILE* file, uform_header_t const* header
  *  the batch the run trained with, which no byte of the file vouches for. A run whose rows were
  *  longer than that is refused by name.
  */
-enum { uform_encoder_tokens_k = 16384 };
+enum { uform_encoder_tokens_k = uform_longest_row_k };
 
 uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error) {
     FILE* file;

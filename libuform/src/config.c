@@ -51,6 +51,9 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (!batch->max_columns_per_row) batch->max_columns_per_row = 512;
     if (!batch->max_segments_per_device) batch->max_segments_per_device = 8 * batch->max_rows_per_device;
     if (!batch->max_bags_per_device) batch->max_bags_per_device = batch->max_segments_per_device;
+    if (batch->max_columns_per_row > uform_longest_row_k)
+        return UFORM_INVALID("config.batch.max_columns_per_row: %u is over %d, the longest row an encoder embeds in "
+                             "one pass", batch->max_columns_per_row, uform_longest_row_k);
     if ((uint64_t)batch->max_rows_per_device * batch->max_columns_per_row > (1u << 24))
         return UFORM_INVALID("config.batch: %u rows x %u columns is over 2^24 tokens per device",
                              batch->max_rows_per_device, batch->max_columns_per_row);

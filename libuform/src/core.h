@@ -74,6 +74,10 @@ typedef struct uform_config_t {
     float beta1, beta2, epsilon, weight_decay, clip_norm; /* AdamW, fixed and documented */
 } uform_config_t;
 
+/** The longest row a run may train with: an encoder packs at most this many tokens a pass, so a longer row
+ *  would train a model no encoder could load. */
+enum { uform_longest_row_k = 16384 };
+
 uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vram_t const* given,
                                    char const** error);
 /** Writes the config as JSON into `out` (NUL-terminated), for the checkpoint's metadata. */
