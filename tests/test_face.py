@@ -297,6 +297,24 @@ def test_a_blocking_verb_on_the_worker_raises_busy(cpu, trainer):
     assert trainer.step(pair_batch(), dict(arena=arena)).stats.step == 2  # the refusal claimed nothing, ran nothing
 
 
+def test_waiting_on_the_worker_for_a_verb_queued_behind_raises_busy(cpu, trainer):
+    seen = {}
+    called = threading.Event()
+
+    def on_done(_):
+        try:
+            trainer.deferred().step(pair_batch()).wait(timeout=30)
+        except uform.Busy as error:
+            seen["error"] = error
+        called.set()
+
+    with held(cpu):
+        first = trainer.deferred().step(pair_batch())
+        first._future.add_done_callback(on_done)
+    assert called.wait(60)
+    assert "own worker thread" in str(seen.get("error", ""))  # at once, not after the timeout
+
+
 # ---------------------------------------------------------------------------------------------- #
 #  The package's modules                                                                           #
 # ---------------------------------------------------------------------------------------------- #

@@ -50,8 +50,12 @@ class Deferred:
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Blocks until the verb lands, then returns its result or raises its error.
 
-        Raises `TimeoutError` when `timeout` seconds pass first; the verb still runs.
+        Raises `TimeoutError` when `timeout` seconds pass first; the verb still runs. Raises `Busy` when
+        called, before the verb landed, on an executor's own worker thread, which would wait for itself.
         """
+        if not self._future.done() and any(threading.current_thread() is worker._thread for worker in list(_workers)):
+            raise Busy(f"the deferred {self._verb}: waited for on the executor's own worker thread (in a Deferred's "
+                       "callback, say), where it can never land; await it or wait from another thread")
         landed, _ = concurrent.futures.wait([self._future], timeout)
         if not landed:
             raise TimeoutError(f"the deferred {self._verb} did not land within {timeout} s")
