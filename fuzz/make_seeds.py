@@ -3,9 +3,12 @@ decodes, and checkpoints for `fuzz/checkpoint.c` (one real checkpoint of a tiny 
 alone, truncations, small crafted files, and headers in the target's 'Z' form, which it completes
 with zeroed tensors).
 
-    python fuzz/make_seeds.py      # needs the package built: `python setup.py build_ext --inplace`
+    python fuzz/make_seeds.py                 # needs the package built: `python setup.py build_ext --inplace`
+    python fuzz/make_seeds.py --tiny FOLDER   # only the whole tiny checkpoint, into FOLDER
 
-The corpora are committed; this script says how they were made and remakes them. Files named
+The small corpora are committed; this script says how they were made and remakes them. The whole
+tiny checkpoint (3 MB of weights) is not: `.ci/fuzz` writes it into its copy of the corpus from the
+package under test, so the seed always matches the format that package reads. Files named
 `finding-*` are not made here: each is the input that found a bug, kept so every run replays it
 (see fuzz/RESULTS.md).
 """
@@ -16,7 +19,10 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+try:
+    import uform  # noqa: F401 - the installed package, when there is one
+except ImportError:
+    sys.path.insert(0, os.path.dirname(HERE))  # else the checkout's in-place build
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -94,6 +100,8 @@ def tiny_checkpoint(path):
 
 
 def main():
+    if sys.argv[1:2] == ["--tiny"]:
+        return tiny_checkpoint(os.path.join(sys.argv[2], "tiny"))
     batches = os.path.join(HERE, "corpus", "batch")
     checkpoints = os.path.join(HERE, "corpus", "checkpoint")
     os.makedirs(batches, exist_ok=True)
@@ -109,8 +117,7 @@ def main():
     (length,) = struct.unpack("<Q", whole[:8])
     header = json.loads(whole[8 : 8 + length])
     metadata = header["__metadata__"]
-    small = {
-        "tiny": whole,                                   # loads: the encoder embeds, resume resumes
+    small = {  # beside "tiny", the whole checkpoint, which loads: the encoder embeds, resume resumes
         "header_only": whole[: 8 + length],
         "truncated_in_data": whole[: 8 + length + 4096],
         "truncated_in_header": whole[: 8 + length // 2],
