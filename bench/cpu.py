@@ -21,18 +21,23 @@ import uform
 GEOMETRIES = [dict(depth=2, hidden=128, rows=16, cols=64), dict(depth=4, hidden=256, rows=16, cols=128)]
 
 
-def uform_run(depth, hidden, rows, cols, steps, warmup, threads):
+def peer_step(depth, hidden, rows, cols):
+    """The peer's step in uform's words: (batch, config). `bench/gpu.py` trains the same."""
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, size=rows * cols, dtype=np.uint8)
     offsets = np.arange(0, rows * cols + 1, cols, dtype=np.uint64)
-    count = rows
-    batch = dict(modalities=[uform.Modality.TEXT] * count, contents=uform.Tape(data, offsets),
-                 relations=dict(attract=uform.Edges(offsets=list(range(count + 1)), ids=[i ^ 1 for i in range(count)])))
+    batch = dict(modalities=[uform.Modality.TEXT] * rows, contents=uform.Tape(data, offsets),
+                 relations=dict(attract=uform.Edges(offsets=list(range(rows + 1)), ids=[i ^ 1 for i in range(rows)])))
     config = dict(depth=depth, hidden=hidden, objective=uform.Objective.JOINT,
                   batch=dict(max_rows_per_device=rows, max_columns_per_row=cols, max_segments_per_device=rows),
                   masking=dict(token_mask_probability=0.15, token_mean_span=1, replace_fraction=1.0,
                                random_fraction=1e-9),
                   schedule=dict(steps=1000, learning_rate=1e-3))
+    return batch, config
+
+
+def uform_run(depth, hidden, rows, cols, steps, warmup, threads):
+    batch, config = peer_step(depth, hidden, rows, cols)
     with uform.Executor.for_ram(threads=threads) as executor, uform.Trainer.init_ram(executor, config) as trainer:
         for step in range(warmup + steps):
             if step == warmup:

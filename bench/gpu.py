@@ -17,9 +17,8 @@ import json
 import os
 import time
 
-import numpy as np
-
 import uform
+from cpu import peer_step  # bench/ is this script's folder, first on the path
 
 GEOMETRIES = [(12, 512, 64, 512), (12, 512, 128, 512), (12, 768, 64, 512)]
 
@@ -31,16 +30,7 @@ def flops_per_token(depth, hidden, cols):
 
 
 def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch):
-    rng = np.random.default_rng(0)
-    data = rng.integers(0, 256, size=rows * cols, dtype=np.uint8)
-    offsets = np.arange(0, rows * cols + 1, cols, dtype=np.uint64)
-    batch = dict(modalities=[uform.Modality.TEXT] * rows, contents=uform.Tape(data, offsets),
-                 relations=dict(attract=uform.Edges(offsets=list(range(rows + 1)), ids=[i ^ 1 for i in range(rows)])))
-    config = dict(depth=depth, hidden=hidden, objective=uform.Objective.JOINT,
-                  batch=dict(max_rows_per_device=rows, max_columns_per_row=cols, max_segments_per_device=rows),
-                  masking=dict(token_mask_probability=0.15, token_mean_span=1, replace_fraction=1.0,
-                               random_fraction=1e-9),
-                  schedule=dict(steps=1000, learning_rate=1e-3))
+    batch, config = peer_step(depth, hidden, rows, cols)
     free_before = torch.cuda.mem_get_info()[0]
     with uform.Executor.for_vram() as executor, uform.Trainer.init_vram(executor, config) as trainer:
         for step in range(warmup + steps):

@@ -94,20 +94,35 @@ typedef struct uform_update_t {
     uint64_t step;         /* this update's number, from 1: AdamW's bias corrections */
 } uform_update_t;
 
-/**
- *  Whether an update must be skipped, judged from the step's scalars exactly as the core reports
- *  them: the float total of the losses that ran and the float norm must both be finite. Written
- *  once here, so a device's kernel and the host's report never disagree.
- */
+/* The rules below are written once, for the host and the device alike, so they never disagree. */
 #if defined(__CUDACC__)
-__host__ __device__
+#define UFORM_HOST_DEVICE __host__ __device__
+#else
+#define UFORM_HOST_DEVICE
 #endif
-static inline int uform_update_poisoned(double const* scalars, int masked_ran, int contrastive_ran, float text_weight) {
+
+/** The step's total loss, as the core reports it: the weighted sum of the losses that ran. */
+UFORM_HOST_DEVICE static inline double uform_total_loss(double const* scalars, int masked_ran, int contrastive_ran,
+                                                        float text_weight) {
     double total = 0;
     if (masked_ran) total += (double)text_weight * scalars[uform_scalar_masked_loss_k];
     if (contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
-    float loss = (float)total, norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
+    return total;
+}
+
+/** Whether an update must be skipped: the float total loss and the float norm must both be finite. */
+UFORM_HOST_DEVICE static inline int uform_update_poisoned(double const* scalars, int masked_ran, int contrastive_ran,
+                                                          float text_weight) {
+    float loss = (float)uform_total_loss(scalars, masked_ran, contrastive_ran, text_weight);
+    float norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     return !isfinite(loss) || !isfinite(norm);
+}
+
+/** Whether a contrastive row with these attract and repel weight sums takes part in the mean. */
+UFORM_HOST_DEVICE static inline int uform_row_counts(uform_pair_loss_form_t form, double attract, double repel) {
+    if (form == uform_pair_loss_ranked_k) return attract > 0 && repel > 0;
+    if (form == uform_pair_loss_balanced_k) return attract > 0 || repel > 0;
+    return attract + repel > 0;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

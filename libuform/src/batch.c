@@ -233,13 +233,6 @@ static void uform_mask_text(uform_packed_t* packed, uform_config_t const* config
     }
 }
 
-/* Whether a row with these attract and repel weight sums takes part in the contrastive mean. */
-static int uform_row_counts(uform_pair_loss_form_t form, double attract, double repel) {
-    if (form == uform_pair_loss_ranked_k) return attract > 0 && repel > 0;
-    if (form == uform_pair_loss_balanced_k) return attract > 0 || repel > 0;
-    return attract + repel > 0;
-}
-
 /* The cells were validated from the caller's edges; read again here, every index is bounded anew. */
 static void uform_cells_fill(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step) {
     size_t count = step->count;

@@ -184,6 +184,8 @@ typedef struct uform_replica_t {
     uform_segment_t* segments;
     uint8_t* cells;
     float* cell_weights;
+    struct uform_buffer_t* buffers; /* every buffer above, as taken, so they are released alike */
+    size_t buffers_count;
 } uform_replica_t;
 
 /** Makes the backend's context for the config's capacities and takes every buffer a step needs. */

@@ -20,10 +20,11 @@
     } while (0)
 
 /* Every buffer of a replica, with its size in bytes, in one list: taken and released alike. */
-typedef struct uform_buffer_t {
+struct uform_buffer_t {
     void** pointer;
     size_t bytes;
-} uform_buffer_t;
+};
+typedef struct uform_buffer_t uform_buffer_t;
 
 static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* layout, uform_plan_t const* plan,
                                     size_t statistics, uform_buffer_t* list) {
@@ -100,58 +101,38 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
     uform_status_t status = backend->context_create(executor->device, &plan, &replica->context);
     if (status != uform_status_success_k) return uform_fail(error, status, "%s", uform_message());
     replica->blocks = calloc(layout->depth, sizeof(uform_block_activations_t));
-    uform_buffer_t* list = malloc((uform_replica_buffers_k + 11 * (size_t)layout->depth) * sizeof(uform_buffer_t));
-    if (!replica->blocks || !list) {
-        free(list);
+    replica->buffers = malloc((uform_replica_buffers_k + 11 * (size_t)layout->depth) * sizeof(uform_buffer_t));
+    if (!replica->blocks || !replica->buffers) {
         uform_replica_free(replica);
         return uform_fail(error, uform_status_out_of_memory_k, "no host memory for a replica of depth %u",
                           layout->depth);
     }
-    size_t count = uform_replica_buffers(replica, layout, &plan, backend->statistics_floats(&plan), list), asked = 0;
-    for (size_t i = 0; i != count && status == uform_status_success_k; ++i) {
-        asked += list[i].bytes;
-        status = backend->allocate(replica->context, list[i].bytes, list[i].pointer);
+    size_t count = uform_replica_buffers(replica, layout, &plan, backend->statistics_floats(&plan), replica->buffers);
+    size_t total = 0, asked = 0;
+    for (size_t i = 0; i != count; ++i) total += replica->buffers[i].bytes;
+    for (; replica->buffers_count != count && status == uform_status_success_k; ++replica->buffers_count) {
+        uform_buffer_t const* buffer = &replica->buffers[replica->buffers_count];
+        asked += buffer->bytes;
+        status = backend->allocate(replica->context, buffer->bytes, buffer->pointer);
     }
-    if (!replica->compute) replica->compute = replica->weights;
     if (status != uform_status_success_k) {
-        size_t total = 0;
-        for (size_t i = 0; i != count; ++i) total += list[i].bytes;
-        free(list);
         uform_replica_free(replica);
         return uform_fail(error, status,
                           "no %s memory for a replica of depth %u, hidden %zu over %zu tokens: %zu bytes in all, "
                           "failing at %zu",
                           backend->name, layout->depth, plan.hidden, plan.tokens, total, asked);
     }
-    free(list);
+    if (!replica->compute) replica->compute = replica->weights; /* float32 backends' products read the masters */
     return uform_status_success_k;
 }
 
 void uform_replica_free(uform_replica_t* replica) {
     if (!replica->backend) return;
-    uform_backend_t const* backend = replica->backend;
-    if (replica->blocks && replica->context) {
-        if (replica->compute == replica->weights) replica->compute = NULL;
-        uform_buffer_t list[uform_replica_buffers_k];
-        uform_block_activations_t* blocks = replica->blocks;
-        /* Each block's buffers, then the fixed ones: list them one block at a time. */
-        uint32_t depth = replica->depth;
-        for (uint32_t l = 0; l != depth; ++l) {
-            void* activations[] = {blocks[l].input, blocks[l].rstd1,  blocks[l].normed1,   blocks[l].qkv,
-                                   blocks[l].attended, blocks[l].statistics, blocks[l].middle, blocks[l].rstd2,
-                                   blocks[l].normed2, blocks[l].up,    blocks[l].activated};
-            for (size_t i = 0; i != sizeof(activations) / sizeof(activations[0]); ++i)
-                if (activations[i]) backend->release(replica->context, activations[i]);
-        }
-        replica->depth = 0;
-        uform_plan_t none = {0};
-        uform_layout_t empty = {0};
-        size_t count = uform_replica_buffers(replica, &empty, &none, 0, list);
-        for (size_t i = 0; i != count; ++i)
-            if (*list[i].pointer) backend->release(replica->context, *list[i].pointer);
-    }
+    for (size_t i = 0; i != replica->buffers_count; ++i)
+        if (*replica->buffers[i].pointer) replica->backend->release(replica->context, *replica->buffers[i].pointer);
+    free(replica->buffers);
     free(replica->blocks);
-    if (replica->context) backend->context_destroy(replica->context);
+    if (replica->context) replica->backend->context_destroy(replica->context);
     memset(replica, 0, sizeof(*replica));
 }
 

@@ -156,9 +156,7 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     if (status != uform_status_success_k) return status;
     memset(stats, 0, sizeof(*stats));
     double masked = scalars[uform_scalar_masked_loss_k], contrastive = scalars[uform_scalar_contrastive_loss_k];
-    double total = 0;
-    if (masked_ran) total += (double)trainer->config.given.masking.text_weight * masked;
-    if (contrastive_ran) total += contrastive;
+    double total = uform_total_loss(scalars, masked_ran, contrastive_ran, trainer->config.given.masking.text_weight);
     stats->loss = masked_ran || contrastive_ran ? (float)total : NAN;
     stats->masked_loss = masked_ran ? (float)masked : NAN;
     stats->contrastive_loss = contrastive_ran ? (float)contrastive : NAN;

@@ -28,13 +28,6 @@ static double uform_ram_inverse_norm(float const* row, size_t width) {
     return squares > 0 ? 1.0 / sqrt(squares) : 0.0;
 }
 
-/** Whether a row with these attract and repel weight sums takes part in the mean. */
-static int uform_ram_row_counts(uform_pair_loss_form_t form, double attract, double repel) {
-    if (form == uform_pair_loss_ranked_k) return attract > 0 && repel > 0;
-    if (form == uform_pair_loss_balanced_k) return attract > 0 || repel > 0;
-    return attract + repel > 0;
-}
-
 /**
  *  One anchor row: `cosines` (items) holds <z_i, z_j> for every counted cell; `gradient`
  *  (items) is zeroed on entry and receives dL_i / ds_ij. Returns L_i. `attract` and `repel` are
@@ -129,7 +122,7 @@ uform_status_t uform_ram_contrastive(void* context, double* loss_out, float* d_p
         repel_sums[i] = repel;
     }
     size_t counting = 0;
-    for (size_t i = 0; i < items; ++i) counting += (size_t)uform_ram_row_counts(form, attract_sums[i], repel_sums[i]);
+    for (size_t i = 0; i < items; ++i) counting += (size_t)uform_row_counts(form, attract_sums[i], repel_sums[i]);
     size_t dimensions = setup->dimensions_count;
     if (!counting || !dimensions) {
         *loss_out = NAN;
@@ -155,7 +148,7 @@ uform_status_t uform_ram_contrastive(void* context, double* loss_out, float* d_p
             double* restrict gradient = coupling + i * items;
             memset(gradient, 0, sizeof(double) * items);
             row_losses[i] = row_d_temperatures[i] = row_d_biases[i] = 0;
-            if (!uform_ram_row_counts(form, attract_sums[i], repel_sums[i])) continue;
+            if (!uform_row_counts(form, attract_sums[i], repel_sums[i])) continue;
             double* restrict cosines = thread_rows + (size_t)omp_get_thread_num() * row_width;
             uint8_t const* row_cells = cells + i * items;
             double const* anchor = embeddings + i * width;

@@ -131,13 +131,6 @@ __device__ __forceinline__ double uform_vram_sigmoid(double x) {
     return x >= 0 ? 1.0 / (1.0 + small) : small / (1.0 + small);
 }
 
-/** Whether a row with these attract and repel weight sums takes part in the mean. */
-__device__ __forceinline__ bool uform_vram_row_counts(int form, double attract, double repel) {
-    if (form == uform_pair_loss_ranked_k) return attract > 0 && repel > 0;
-    if (form == uform_pair_loss_balanced_k) return attract > 0 || repel > 0;
-    return attract + repel > 0;
-}
-
 /** The block's sum of each thread's `value`, in a fixed tree over `uform_vram_contrastive_threads_k`
  *  threads; every thread gets it. `shared` holds that many; it is free again on return. */
 template <typename scalar_t>
@@ -198,7 +191,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
     __shared__ unsigned long long shared[uform_vram_contrastive_threads_k];
     unsigned long long counting = 0;
     for (size_t i = threadIdx.x; i < items; i += uform_vram_contrastive_threads_k)
-        counting += uform_vram_row_counts(form, attract_sums[i], repel_sums[i]) ? 1 : 0;
+        counting += uform_row_counts((uform_pair_loss_form_t)form, attract_sums[i], repel_sums[i]) ? 1 : 0;
     counting = uform_vram_block_sum(counting, shared);
     if (threadIdx.x != 0) return;
     header->counting = counting;
@@ -284,7 +277,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
     size_t const i = blockIdx.x;
     double* gradients = coupling + i * items;
     double const attract = attract_sums[i], repel = repel_sums[i];
-    if (!uform_vram_row_counts(form, attract, repel)) {
+    if (!uform_row_counts((uform_pair_loss_form_t)form, attract, repel)) {
         for (size_t j = threadIdx.x; j < items; j += threads) gradients[j] = 0;
         if (threadIdx.x == 0) row_losses[i] = row_d_temperatures[i] = row_d_biases[i] = 0;
         return;
