@@ -123,7 +123,8 @@ class Worker:
         """Raises `Busy` on the worker's own thread, where waiting for a verb would wait on itself."""
         if threading.current_thread() is self._thread:
             raise Busy("executor: a blocking verb on the executor's own worker thread (in a Deferred's callback, say) "
-                       "would wait for itself; use deferred() there")
+                       "would wait for itself; submit it with deferred() where the verb has a deferred form, or call it "
+                       "from another thread")
 
     def stop(self) -> None:
         """Lets every verb already submitted run, then ends the thread."""

@@ -197,7 +197,7 @@ typedef struct uform_audio_shape_t {
 typedef struct uform_batch_shape_t {
     uint32_t max_rows_per_device;     /**< 0 derives 64. */
     uint32_t max_segments_per_device; /**< Items one device takes; 0 derives 8 per row. */
-    uint32_t max_columns_per_row;     /**< Token positions in a row; 0 derives 512. Longer items are cut. */
+    uint32_t max_columns_per_row;     /**< Token positions in a row, up to 16384; 0 derives 512. Longer items are cut. */
     uint32_t max_bags_per_device;     /**< 0 derives `max_segments_per_device`. */
     uint32_t max_choices_per_item;    /**< Legal bytes one item offers; 0 makes no choices. */
     uform_image_shape_t image;
@@ -266,8 +266,8 @@ typedef struct uform_schedule_t {
 /** @brief A training run's geometry, objectives and schedule. */
 typedef struct uform_trainer_init_vram_t {
     char const* resume; /**< A checkpoint to continue from; NULL starts from `seed`. */
-    uint32_t depth;     /**< Transformer blocks; required. */
-    uint32_t hidden;    /**< Width, a multiple of 128; required. Heads are `hidden / 64`. */
+    uint32_t depth;     /**< Transformer blocks, 1 to 256; required. */
+    uint32_t hidden;    /**< Width, a multiple of 128 up to 16384; required. Heads are `hidden / 64`. */
     uform_batch_shape_t batch;
     uform_objective_t objective; /**< Required. */
     uform_masking_t masking;
@@ -305,7 +305,7 @@ typedef struct uform_edges_view_t {
 /** @brief What one step reports. Terms that did not run read NaN. */
 typedef struct uform_trainer_stats_t {
     uint64_t step;        /**< The step count after this update. */
-    float learning_rate;  /**< The rate this update used. */
+    float learning_rate;  /**< The rate this update used, or would have used when skipped. */
     float loss;           /**< The weighted total. */
     float masked_loss;
     float contrastive_loss;
