@@ -7,7 +7,9 @@ For each geometry it trains the joint objective as the peer does: `rows` items o
 bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
 attracting and every other pair repelling under SigLIP's sigmoid loss. It prints one JSON line
 per run with tokens/s, the step time, MFU against a bf16 8192^3 matrix product timed in this run,
-and device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
+uform's host share (the part of a step spent validating, packing and queueing the upload before
+the GPU can start: `stats.host_seconds` over the step's time), and
+device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
 ratio of uform to the compiled peer. `torch` must be installed; the peer's modes are eager and
 compiled.
 """
@@ -33,16 +35,18 @@ def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch):
     batch, config = peer_step(depth, hidden, rows, cols)
     free_before = torch.cuda.mem_get_info()[0]
     with uform.Executor.for_vram() as executor, uform.Trainer.init_vram(executor, config) as trainer:
+        host = 0.0
         for step in range(warmup + steps):
             if step == warmup:
                 start = time.perf_counter()
             stats = trainer.step(batch).stats
+            host += stats.host_seconds if step >= warmup else 0.0
         seconds = (time.perf_counter() - start) / steps
         held = free_before - torch.cuda.mem_get_info()[0]
     tokens_per_s = rows * cols / seconds
     return dict(peer="uform", depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
-                peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)
+                host_share=host / steps / seconds, peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)
 
 
 def load_peer():

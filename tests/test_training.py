@@ -43,6 +43,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr()
     assert "recall@1 on 32 held-out pairs before training" in printed.out
     assert "after 3 steps" in printed.out and "3/3" in printed.err
+    assert "\r" not in printed.err  # not a terminal: whole lines, no redrawn bar
     assert out.exists()
 
 

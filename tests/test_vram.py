@@ -8,6 +8,8 @@ accumulation in another order, and cuDNN's attention. Tolerances are on the rela
 ‖gpu − cpu‖ / ‖cpu‖: 1e-2 for bf16 outputs, 1e-4 for float32 outputs of float32 arithmetic on
 identical inputs, and 5e-2 for whole passes through a model, where rounding compounds.
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -74,23 +76,32 @@ def test_matmul_gelu_fusions(rng):
 
 
 def test_embedding(rng):
-    table, ids = act(rng, 260, 256), rng.integers(0, 260, 2000).astype(np.uint32)
+    table, ids = act(rng, 260, 256), rng.integers(0, 260, 5000).astype(np.uint32)
+    ids[rng.random(5000) < 0.3] = 257  # one id as common as the mask id, its list cut into slices
     cpu, gpu = both(testing.embedding_forward, table, ids)
     assert np.array_equal(cpu, gpu)
-    d_table, d_out = rng.standard_normal((260, 256)).astype(np.float32), act(rng, 2000, 256)
+    d_table, d_out = rng.standard_normal((260, 256)).astype(np.float32), act(rng, 5000, 256)
     cpu, gpu = both(testing.embedding_backward, d_table, d_out, ids)
     close(gpu, cpu, F32)
+    assert np.array_equal(testing.embedding_backward(d_table, d_out, ids, backend="vram"), gpu)
 
 
-def test_rmsnorm(rng):
-    x, gain = act(rng, 1000, 256, scale=3.0), (1 + 0.3 * rng.standard_normal(256)).astype(np.float32)
+@pytest.mark.parametrize("hidden", [100, 128, 256, 640, 1024, 2176])  # unvectorized, 1-4 vectors a lane, 3 tiles
+def test_rmsnorm(rng, hidden):
+    x, gain = act(rng, 1000, hidden, scale=3.0), (1 + 0.3 * rng.standard_normal(hidden)).astype(np.float32)
     (cpu, cpu_rstd), (gpu, gpu_rstd) = both(testing.rmsnorm_forward, x, gain)
     close(gpu, cpu, BF16)
     close(gpu_rstd, cpu_rstd, F32)
-    d_x, d_gain, d_out = act(rng, 1000, 256), rng.standard_normal(256).astype(np.float32), act(rng, 1000, 256)
+    d_x, d_gain, d_out = act(rng, 1000, hidden), rng.standard_normal(hidden).astype(np.float32), act(rng, 1000, hidden)
     (cpu, cpu_gain), (gpu, gpu_gain) = both(testing.rmsnorm_backward, d_x, d_gain, d_out, x, gain, cpu_rstd)
     close(gpu, cpu, BF16)
     close(gpu_gain, cpu_gain, F32)
+    again, again_gain = testing.rmsnorm_backward(d_x, d_gain, d_out, x, gain, cpu_rstd, backend="vram")
+    assert np.array_equal(again, gpu) and np.array_equal(again_gain, gpu_gain)
+    unplanned, unplanned_gain = testing.rmsnorm_backward(d_x, d_gain, d_out, x, gain, cpu_rstd, backend="vram",
+                                                         planned=False)  # the partials would not fit: the slow path
+    close(unplanned, cpu, BF16)
+    close(unplanned_gain, cpu_gain, F32)
 
 
 def test_rope(rng):
@@ -222,7 +233,10 @@ def test_step_matches_the_cpu(rng, cpu, gpu, objective, form):
         assert gpu_stats.masked_positions == stats.masked_positions
         assert gpu_stats.contrastive_rows == stats.contrastive_rows
         close(gpu_gradients, gradients, MODEL)
-        reference.step(step), trainer.step(step)
+        reference.step(step)
+        started = time.perf_counter()
+        host = trainer.step(step).stats.host_seconds
+        assert 0 < host < time.perf_counter() - started  # validating, packing, uploading: a part of the step
         # AdamW moves each weight by about the learning rate whatever its gradient's size, so the few
         # gradients near zero whose sign bf16 flips move the whole way the other way: 2e-3, not 1e-4.
         close(trainer._weights(), reference._weights(), 2e-3)

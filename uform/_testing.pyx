@@ -372,10 +372,11 @@ def rmsnorm_forward(x, gain, int threads=2, backend="ram"):
     return s.get(<size_t>out, x.shape, ACT), s.get(<size_t>rstd, (tokens,))
 
 
-def rmsnorm_backward(d_x, d_gain, d_out, x, gain, rstd, int threads=2, backend="ram"):
-    """Returns (d_x, d_gain) after accumulating into copies of the given ones."""
-    cdef Session s = Session(backend, threads)
+def rmsnorm_backward(d_x, d_gain, d_out, x, gain, rstd, int threads=2, backend="ram", bint planned=True):
+    """Returns (d_x, d_gain) after accumulating into copies of the given ones; `planned=False`
+    makes the call past a context planned for one token, as a caller past its plan would."""
     cdef size_t tokens = x.shape[0], hidden = x.shape[1]
+    cdef Session s = Session(backend, threads, tokens=tokens if planned else 1, hidden=hidden)
     cdef void* d_x_pointer = s.put(d_x, ACT)
     cdef float* d_gain_pointer = <float*>s.put(d_gain)
     s.check(s.backend.rmsnorm_backward(s.context, d_x_pointer, d_gain_pointer, s.put(d_out, ACT), s.put(x, ACT),

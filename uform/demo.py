@@ -106,29 +106,35 @@ def recall_at_1(encoder, pairs):
 
 
 class Progress:
-    """A one-line progress bar on stderr: step, loss, throughput and time left."""
+    """A one-line progress bar on stderr: step, loss, throughput and time left. Where stderr is not
+    a terminal (a log, a pipe), one line every tenth of the run instead of a redrawn bar."""
 
     def __init__(self, total, stream=None):
         self.total, self.stream = total, stream or sys.stderr
         self.start, self.tokens, self.smoothed = time.perf_counter(), 0, None
+        self.terminal = self.stream.isatty()
 
     def update(self, done, stats):
         self.tokens += stats.tokens
         loss = stats.loss
         self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
+        if not self.terminal and done != self.total and done % max(1, self.total // 10):
+            return
         elapsed = time.perf_counter() - self.start
         left = elapsed / done * (self.total - done)
         width = 30
         filled = int(width * done / self.total)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
-                          f"loss {self.smoothed:.3f} (masked {stats.masked_loss:.3f}, contrastive "
-                          f"{stats.contrastive_loss:.3f}) {self.tokens / elapsed / 1e3:.1f}k tok/s "
-                          f"{left:.0f}s left ")
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} loss {self.smoothed:.3f} (masked "
+                f"{stats.masked_loss:.3f}, contrastive {stats.contrastive_loss:.3f}) "
+                f"{self.tokens / elapsed / 1e3:.1f}k tok/s {left:.0f}s left")
+        self.stream.write(f"\r{line} " if self.terminal else f"{line}\n")
         self.stream.flush()
 
     def close(self):
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.terminal:
+            self.stream.write("\n")
+            self.stream.flush()
+        return time.perf_counter() - self.start
 
 
 def main(argv=None):
@@ -182,11 +188,11 @@ def main(argv=None):
             chosen = shuffled[cursor:cursor + args.pairs_per_step]
             cursor += args.pairs_per_step
             progress.update(step, trainer.step(pair_batch(chosen)).stats)
-        progress.close()
+        seconds = progress.close()
         trainer.save(args.out)
         with uform.Encoder.load(args.out, executor) as encoder:
             after = recall_at_1(encoder, held_out)
-    print(f"recall@1 on {len(held_out)} held-out pairs after {args.steps} steps: {after:.3f} "
+    print(f"recall@1 on {len(held_out)} held-out pairs after {args.steps} steps ({seconds:.0f} s): {after:.3f} "
           f"(before: {before:.3f}, chance: {1 / len(held_out):.3f})")
     print(f"checkpoint: {args.out}")
     return 0

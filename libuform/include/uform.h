@@ -317,6 +317,9 @@ typedef struct uform_trainer_stats_t {
     uint64_t truncated_items;
     uint64_t masked_positions; /**< Positions the masked term scored; 0 when it scored none. */
     uint64_t contrastive_rows; /**< Anchor rows the contrastive term counted; 0 when it counted none. */
+    /** Seconds from the call until the step's inputs were validated, packed and queued for upload:
+     *  the time a GPU waits for the host, beside the step's wall time. */
+    double host_seconds;
     /** 1 when the update was skipped: no term scored anything, or a loss or the gradient was not
      *  finite. A skipped step changes nothing: weights, moments and `step` stay as they were. */
     uint32_t skipped;

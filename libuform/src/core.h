@@ -196,9 +196,12 @@ void uform_replica_free(uform_replica_t* replica);
 /** Uploads a packed batch, runs the forward pass and pools each item's final states. */
 uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
 
+/** Queues a packed batch's upload; `training` adds what the losses and the backward pass read. */
+uform_status_t uform_model_upload(uform_replica_t* replica, uform_packed_t const* packed, int training);
+
 /**
- *  Uploads a packed batch, then queues forward, losses and backward (gradients are overwritten)
- *  and the squared norm. The scalars land after the backend synchronizes.
+ *  Queues forward, losses and backward over the uploaded batch (gradients are overwritten) and
+ *  the squared norm. The scalars land after the backend synchronizes.
  */
 uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout,
                                      uform_config_t const* config, uform_packed_t const* packed);

@@ -137,7 +137,7 @@ void uform_replica_free(uform_replica_t* replica) {
 }
 
 /* The packed batch travels to the device once per step; everything after reads the device's copy. */
-static uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* packed, int training) {
+uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* packed, int training) {
     uform_backend_t const* b = r->backend;
     void* x = r->context;
     size_t tokens = packed->tokens_count, items = packed->segments_count, words = sizeof(uint32_t);
@@ -297,7 +297,6 @@ uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t co
     void* x = replica->context;
     /* A term that does not run leaves its scalar stale: the core knows which ran and reads only those. */
     UFORM_TRY(b->zero(x, replica->gradients, layout->total * sizeof(float)));
-    UFORM_TRY(uform_model_upload(replica, packed, 1));
     UFORM_TRY(uform_model_forward(replica, layout, packed));
     UFORM_TRY(uform_model_losses(replica, layout, config, packed));
     UFORM_TRY(uform_model_backward(replica, layout, packed));

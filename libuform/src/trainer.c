@@ -6,8 +6,11 @@
  *  (`model.c`, on the backend), then the update: one global gradient norm, a skip when anything
  *  is not finite, clipping, AdamW per tensor. Steps on one trainer are serialized by its lock.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core.h"
 
@@ -246,10 +249,15 @@ static uform_status_t uform_trainer_failed(uform_status_t status, char const** e
     return status;
 }
 
+static double uform_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
 /* Validates, packs and runs the passes; `update` decides whether the optimizer applies them. */
-static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
-                                        char const** error) {
-    if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
+static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
+                                         double* prepared, char const** error) {
     if (step->embeddings && (unsigned)step->embeddings_scalar > uform_scalar_i8_k)
         return uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
                           (int)step->embeddings_scalar);
@@ -265,7 +273,9 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     int masked_ran = objective != uform_objective_contrastive_k && trainer->packed.masked_count;
     int contrastive_ran = objective != uform_objective_masked_k && trainer->packed.contrastive_rows;
     float rate = uform_schedule_rate(&config->given.schedule, next);
-    status = uform_model_gradients(replica, layout, config, &trainer->packed);
+    status = uform_model_upload(replica, &trainer->packed, 1);
+    *prepared = uform_seconds();
+    if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
     /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. */
     if (status == uform_status_success_k && update && (masked_ran || contrastive_ran)) {
         uform_update_t adamw = {.weights = replica->weights,
@@ -310,6 +320,15 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     trainer->step = next;
     step->stats.step = next;
     return uform_status_success_k;
+}
+
+static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
+                                        char const** error) {
+    if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
+    double start = uform_seconds(), prepared = start;
+    uform_status_t status = uform_trainer_work(trainer, step, update, &prepared, error);
+    step->stats.host_seconds = prepared - start;
+    return status;
 }
 
 uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {

@@ -6,17 +6,20 @@
  *  Forward: a grid-stride copy, one thread per 16 bytes (8 bfloat16) of an output row when the
  *  width and the pointers allow it, one element otherwise. A copy: exact.
  *
- *  Backward: one block per (id, 128 columns), one thread per column. Each thread starts from the
- *  table's gradient and adds its id's tokens in the core's list order (ascending token index),
- *  in float32, exactly as the CPU loop does; no two blocks share a column of the table, so the
- *  result is the same bits run after run. Ids with no tokens leave their row untouched.
+ *  Backward: one block per (id, 64 columns). An id's list of tokens (ascending token index) is cut
+ *  into 16 contiguous slices, one per row of the block's threads: an id as common as the mask id
+ *  (about 15 % of the tokens) would otherwise be one thread's long chain of dependent loads. Each
+ *  thread adds its slice's tokens in order in float32; then the slices' sums are added in order
+ *  onto the table's gradient, as the CPU adds the whole list. No two blocks share a column of the
+ *  table, so the result is the same bits run after run. Ids with no tokens leave their row alone.
  */
 #include "vram.h"
 
 namespace {
 
 constexpr unsigned uform_vram_embedding_threads_k = 256;
-constexpr unsigned uform_vram_embedding_columns_k = 128; /* columns (threads) of one backward block */
+constexpr unsigned uform_vram_embedding_columns_k = 64;  /* columns of one backward block */
+constexpr unsigned uform_vram_embedding_slices_k = 16;   /* slices of an id's list, one per row of its threads */
 
 /** 16-byte copies: `vectors` = hidden / 8 per row. */
 __global__ void uform_vram_embedding_forward_vectors(uint4* __restrict__ out, uint4 const* __restrict__ table,
@@ -42,24 +45,35 @@ __global__ void uform_vram_embedding_forward_scalars(uform_bf16_t* __restrict__ 
 __global__ void uform_vram_embedding_backward_kernel(float* __restrict__ d_table, uform_bf16_t const* __restrict__ d_out,
                                                      uint32_t const* __restrict__ order,
                                                      uint32_t const* __restrict__ order_offsets, size_t hidden) {
+    __shared__ float slices[uform_vram_embedding_slices_k][uform_vram_embedding_columns_k];
     size_t id = blockIdx.x;
     size_t column = (size_t)blockIdx.y * uform_vram_embedding_columns_k + threadIdx.x;
     uint32_t begin = order_offsets[id], end = order_offsets[id + 1];
-    if (column >= hidden || begin >= end) return;
-    float* row = d_table + id * hidden + column;
-    float sum = *row;
-    uform_bf16_t const* column_base = d_out + column;
-    uint32_t index = begin;
-    /* Sixteen independent loads in flight (a long list is latency-bound), then sixteen additions in list order. */
-    for (; index + 16 <= end; index += 16) {
-        float values[16];
+    if (begin >= end) return; /* the whole block: the id has no tokens */
+    uint32_t share = (end - begin + uform_vram_embedding_slices_k - 1) / uform_vram_embedding_slices_k;
+    uint32_t from = begin + share * threadIdx.y, to = from + share;
+    from = from < end ? from : end, to = to < end ? to : end;
+    float sum = 0;
+    if (column < hidden) {
+        uform_bf16_t const* column_base = d_out + column;
+        uint32_t index = from;
+        /* Sixteen independent loads in flight, then sixteen additions in list order. */
+        for (; index + 16 <= to; index += 16) {
+            float values[16];
 #pragma unroll
-        for (int k = 0; k != 16; ++k) values[k] = __bfloat162float(column_base[(size_t)order[index + k] * hidden]);
+            for (int k = 0; k != 16; ++k) values[k] = __bfloat162float(column_base[(size_t)order[index + k] * hidden]);
 #pragma unroll
-        for (int k = 0; k != 16; ++k) sum += values[k];
+            for (int k = 0; k != 16; ++k) sum += values[k];
+        }
+        for (; index < to; ++index) sum += __bfloat162float(column_base[(size_t)order[index] * hidden]);
     }
-    for (; index < end; ++index) sum += __bfloat162float(column_base[(size_t)order[index] * hidden]);
-    *row = sum;
+    slices[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y || column >= hidden) return;
+    float* row = d_table + id * hidden + column;
+    float total = *row;
+    for (unsigned slice = 0; slice != uform_vram_embedding_slices_k; ++slice) total += slices[slice][threadIdx.x];
+    *row = total;
 }
 
 unsigned uform_vram_embedding_grid(void* context, size_t work) {
@@ -97,7 +111,8 @@ uform_status_t uform_vram_embedding_backward(void* context, float* d_table, void
         return uform_vram_fail(NULL, uform_status_invalid_argument_k,
                                "embedding backward: vocabulary %zu or hidden %zu is too large", vocabulary, hidden);
     dim3 grid((unsigned)vocabulary, (unsigned)chunks);
-    uform_vram_embedding_backward_kernel<<<grid, uform_vram_embedding_columns_k, 0, uform_vram(context)->stream>>>(
+    dim3 threads(uform_vram_embedding_columns_k, uform_vram_embedding_slices_k);
+    uform_vram_embedding_backward_kernel<<<grid, threads, 0, uform_vram(context)->stream>>>(
         d_table, (uform_bf16_t const*)d_out, order, order_offsets, hidden);
     return uform_vram_launched("uform_vram_embedding_backward");
 }

@@ -8,21 +8,22 @@
  *  sums meet in a fixed butterfly of shuffles: the same bits run after run. bfloat16 is read
  *  into float32 and each written value is rounded once.
  *
- *  The gain's gradient sums over tokens: one block per (128 columns, 128 tokens) adds its tokens'
- *  float32 terms in order, in double as the CPU does, into a partial in the planned scratch; then
- *  one thread per column adds the partials in token-chunk order (in double) and adds the sum,
- *  rounded to float, into d_gain. No atomics. A call past the plan's capacities, whose partials
- *  would not fit, computes the same chunks one after the other in each column's thread: slower,
- *  the same bits.
+ *  The backward pass reads x and d_out once: the same kernel writes d_x and keeps, per block of
+ *  32 tokens, each column's sum of the gain's terms (four tokens in float, the rest in double, as
+ *  the CPU sums in double); a second kernel adds the blocks' partials in a fixed order into
+ *  d_gain. No atomics. Rows not in 16-byte vectors, or calls past the plan whose partials would
+ *  not fit, take a slower path: d_x as above, then one thread per column over every token in
+ *  order, in double.
  */
 #include "vram.h"
 
 namespace {
 
-constexpr unsigned uform_vram_rmsnorm_threads_k = 256;           /* 8 warps, 8 tokens a block */
+constexpr unsigned uform_vram_rmsnorm_threads_k = 256;           /* 8 warps, a token each */
 constexpr unsigned uform_vram_rmsnorm_warps_k = uform_vram_rmsnorm_threads_k / 32;
-constexpr unsigned uform_vram_rmsnorm_columns_k = 128;          /* columns (threads) of a partials block */
-constexpr size_t uform_vram_rmsnorm_chunk_k = 128;              /* tokens of a partials block */
+constexpr size_t uform_vram_rmsnorm_warp_tokens_k = 4;          /* tokens a warp of the fused backward walks */
+constexpr size_t uform_vram_rmsnorm_block_tokens_k = uform_vram_rmsnorm_warp_tokens_k * uform_vram_rmsnorm_warps_k;
+constexpr size_t uform_vram_rmsnorm_tile_k = 1024;              /* columns of one block of the fused backward */
 
 __device__ __forceinline__ float uform_vram_warp_sum(float value) {
 #pragma unroll
@@ -135,67 +136,136 @@ __global__ void uform_vram_rmsnorm_backward_kernel(uform_bf16_t* __restrict__ d_
     }
 }
 
-/** sum over the chunk's tokens, in order, of d_out * x * rstd at one column: each term in float32
- *  as the CPU rounds it, added in double. `__fmul_rn` keeps each term rounded before its addition
- *  (no fused multiply-add), so both kernels below that inline this get the same bits. */
-__device__ __forceinline__ double uform_vram_rmsnorm_chunk(uform_bf16_t const* __restrict__ d_out,
-                                                          uform_bf16_t const* __restrict__ x,
-                                                          float const* __restrict__ rstd, size_t tokens, size_t hidden,
-                                                          size_t column, size_t chunk) {
-    size_t begin = chunk * uform_vram_rmsnorm_chunk_k;
-    size_t end = begin + uform_vram_rmsnorm_chunk_k < tokens ? begin + uform_vram_rmsnorm_chunk_k : tokens;
-    double sum = 0;
-    size_t token = begin;
-    /* Four independent loads in flight, then four additions in token order. */
-    for (; token + 4 <= end; token += 4) {
-        float terms[4];
+/**
+ *  The backward pass in one read of x and d_out, for rows in 8-wide vectors. A block takes
+ *  `uform_vram_rmsnorm_block_tokens_k` tokens and one tile of up to 1024 columns (blockIdx.y); each
+ *  warp walks `uform_vram_rmsnorm_warp_tokens_k` of the tokens. For each token the warp sums the
+ *  projection over the whole row, as the kernel above does, then writes its tile of d_x and keeps
+ *  each of its lanes' columns' sum of the gain's terms d_out * x * rstd (each term rounded to
+ *  float32 as the CPU rounds it; a warp's tokens added in float). The block's warps then add their
+ *  sums in warp order, in double, into one partial per block and column: no atomics, the same
+ *  bits. `Lanes`, the vectors each lane holds, is ceil(tile columns / 256); a row of one tile
+ *  (`Whole`) keeps its loads in registers between the two halves, a wider one reads its tile twice.
+ */
+template <int Lanes, bool Whole>
+__global__ __launch_bounds__(uform_vram_rmsnorm_threads_k, Lanes <= 2 ? 3 : 2) void uform_vram_rmsnorm_backward_fused_kernel(
+    uform_bf16_t* __restrict__ d_x, double* __restrict__ partials, uform_bf16_t const* __restrict__ d_out,
+    uform_bf16_t const* __restrict__ x, float const* __restrict__ gain, float const* __restrict__ rstd, unsigned tokens,
+    unsigned hidden) {
+    __shared__ double block_sums[uform_vram_rmsnorm_tile_k];
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned row_vectors = hidden / 8, tile = blockIdx.y * (unsigned)(uform_vram_rmsnorm_tile_k / 8);
+    unsigned vectors = min(row_vectors - tile, (unsigned)(uform_vram_rmsnorm_tile_k / 8));
+    float gains[Lanes][8], sums[Lanes][8];
 #pragma unroll
-        for (int k = 0; k != 4; ++k) {
-            size_t at = (token + k) * hidden + column;
-            terms[k] = __fmul_rn(__bfloat162float(d_out[at]) * __bfloat162float(x[at]), rstd[token + k]);
-        }
+    for (int v = 0; v != Lanes; ++v) {
 #pragma unroll
-        for (int k = 0; k != 4; ++k) sum += (double)terms[k];
+        for (int k = 0; k != 8; ++k) sums[v][k] = 0, gains[v][k] = 0;
+        if (lane + 32 * v < vectors) uform_vram_gain8(gain, tile + lane + 32 * v, gains[v]);
     }
-    for (; token < end; ++token) {
+    unsigned first = blockIdx.x * (unsigned)uform_vram_rmsnorm_block_tokens_k + warp * (unsigned)uform_vram_rmsnorm_warp_tokens_k;
+    unsigned last = min(first + (unsigned)uform_vram_rmsnorm_warp_tokens_k, tokens);
+    for (unsigned token = first; token < last; ++token) {
+        uint4 const* row = reinterpret_cast<uint4 const*>(x) + (size_t)token * row_vectors;
+        uint4 const* gradient = reinterpret_cast<uint4 const*>(d_out) + (size_t)token * row_vectors;
+        uint4* result = reinterpret_cast<uint4*>(d_x) + (size_t)token * row_vectors + tile;
+        uint4 row_bits[Lanes], gradient_bits[Lanes], results[Lanes]; /* every load of the tile in flight at once */
+#pragma unroll
+        for (int v = 0; v != Lanes; ++v)
+            if (lane + 32 * v < vectors) {
+                results[v] = result[lane + 32 * v];
+                if (Whole) row_bits[v] = row[lane + 32 * v], gradient_bits[v] = gradient[lane + 32 * v];
+            }
+        float projection = 0;
+        if (Whole) {
+#pragma unroll
+            for (int v = 0; v != Lanes; ++v) {
+                if (lane + 32 * v >= vectors) break;
+                float values[8], gradients[8];
+                uform_vram_unpack8(row_bits[v], values);
+                uform_vram_unpack8(gradient_bits[v], gradients);
+#pragma unroll
+                for (int k = 0; k != 8; ++k) projection += gradients[k] * gains[v][k] * values[k];
+            }
+        } else {
+            for (unsigned vector = lane; vector < row_vectors; vector += 32) {
+                float values[8], gradients[8], row_gains[8];
+                uform_vram_unpack8(row[vector], values);
+                uform_vram_unpack8(gradient[vector], gradients);
+                uform_vram_gain8(gain, vector, row_gains);
+#pragma unroll
+                for (int k = 0; k != 8; ++k) projection += gradients[k] * row_gains[k] * values[k];
+            }
+        }
+        projection = uform_vram_warp_sum(projection);
+        float inverse = rstd[token];
+        float correction = (float)((double)projection / (double)hidden) * inverse * inverse;
+#pragma unroll
+        for (int v = 0; v != Lanes; ++v) {
+            unsigned vector = lane + 32 * v;
+            if (vector >= vectors) break;
+            if (!Whole) row_bits[v] = row[tile + vector], gradient_bits[v] = gradient[tile + vector];
+            float values[8], gradients[8], accumulated[8];
+            uform_vram_unpack8(row_bits[v], values);
+            uform_vram_unpack8(gradient_bits[v], gradients);
+            uform_vram_unpack8(results[v], accumulated);
+#pragma unroll
+            for (int k = 0; k != 8; ++k) {
+                accumulated[k] += inverse * (gains[v][k] * gradients[k] - values[k] * correction);
+                sums[v][k] += __fmul_rn(gradients[k] * values[k], inverse);
+            }
+            result[vector] = uform_vram_pack8(accumulated);
+        }
+    }
+    for (unsigned turn = 0; turn != uform_vram_rmsnorm_warps_k; ++turn) {
+        if (warp == turn) {
+#pragma unroll
+            for (int v = 0; v != Lanes; ++v) {
+                unsigned vector = lane + 32 * v;
+                if (vector >= vectors) break;
+#pragma unroll
+                for (int k = 0; k != 8; ++k)
+                    block_sums[vector * 8 + k] = turn ? block_sums[vector * 8 + k] + (double)sums[v][k] : (double)sums[v][k];
+            }
+        }
+        __syncthreads();
+    }
+    for (unsigned column = threadIdx.x; column < vectors * 8; column += blockDim.x)
+        partials[(size_t)blockIdx.x * hidden + tile * 8 + column] = block_sums[column];
+}
+
+constexpr unsigned uform_vram_rmsnorm_gain_columns_k = 8, uform_vram_rmsnorm_gain_slices_k = 64;
+
+/** d_gain[column] += the blocks' partials: each of 64 slices adds every 64th block's, then the
+ *  slices are added in order. Eight columns a block, so a 512-wide row spreads over 64 blocks. */
+__global__ void uform_vram_rmsnorm_gain_kernel(float* __restrict__ d_gain, double const* __restrict__ partials,
+                                               size_t blocks, size_t hidden) {
+    __shared__ double slices[uform_vram_rmsnorm_gain_slices_k][uform_vram_rmsnorm_gain_columns_k];
+    size_t column = (size_t)blockIdx.x * uform_vram_rmsnorm_gain_columns_k + threadIdx.x;
+    double sum = 0;
+    if (column < hidden)
+        for (size_t block = threadIdx.y; block < blocks; block += uform_vram_rmsnorm_gain_slices_k)
+            sum += partials[block * hidden + column];
+    slices[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y || column >= hidden) return;
+    double total = 0;
+    for (unsigned slice = 0; slice != uform_vram_rmsnorm_gain_slices_k; ++slice) total += slices[slice][threadIdx.x];
+    d_gain[column] += (float)total;
+}
+
+/** The gain's gradient where the fused kernel does not apply (rows not in 16-byte vectors, or
+ *  past the plan): one thread per column, its tokens in order, in double. */
+__global__ void uform_vram_rmsnorm_gain_direct_kernel(float* __restrict__ d_gain, uform_bf16_t const* __restrict__ d_out,
+                                                      uform_bf16_t const* __restrict__ x,
+                                                      float const* __restrict__ rstd, size_t tokens, size_t hidden) {
+    size_t column = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (column >= hidden) return;
+    double sum = 0;
+    for (size_t token = 0; token != tokens; ++token) {
         size_t at = token * hidden + column;
         sum += (double)__fmul_rn(__bfloat162float(d_out[at]) * __bfloat162float(x[at]), rstd[token]);
     }
-    return sum;
-}
-
-/** Grid (column chunks, token chunks): partials[chunk][column]. */
-__global__ void uform_vram_rmsnorm_partials_kernel(double* __restrict__ partials, uform_bf16_t const* __restrict__ d_out,
-                                                   uform_bf16_t const* __restrict__ x, float const* __restrict__ rstd,
-                                                   size_t tokens, size_t hidden) {
-    size_t column = (size_t)blockIdx.x * uform_vram_rmsnorm_columns_k + threadIdx.x;
-    if (column >= hidden) return;
-    partials[blockIdx.y * hidden + column] = uform_vram_rmsnorm_chunk(d_out, x, rstd, tokens, hidden, column, blockIdx.y);
-}
-
-/** d_gain[column] += the partials of every token chunk, added in chunk order in double. */
-__global__ void uform_vram_rmsnorm_gain_kernel(float* __restrict__ d_gain, double const* __restrict__ partials,
-                                               size_t chunks, size_t hidden) {
-    size_t column = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (column >= hidden) return;
-    double sum = 0;
-    for (size_t chunk = 0; chunk != chunks; ++chunk) sum += partials[chunk * hidden + column];
-    d_gain[column] += (float)sum;
-}
-
-/**
- *  The same sums for calls past the plan's capacities, where the partials would not fit in the
- *  scratch: each column's thread computes its chunks one after the other. Slower, same bits.
- */
-__global__ void uform_vram_rmsnorm_gain_direct_kernel(float* __restrict__ d_gain, uform_bf16_t const* __restrict__ d_out,
-                                                      uform_bf16_t const* __restrict__ x,
-                                                      float const* __restrict__ rstd, size_t tokens, size_t hidden,
-                                                      size_t chunks) {
-    size_t column = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (column >= hidden) return;
-    double sum = 0;
-    for (size_t chunk = 0; chunk != chunks; ++chunk)
-        sum += uform_vram_rmsnorm_chunk(d_out, x, rstd, tokens, hidden, column, chunk);
     d_gain[column] += (float)sum;
 }
 
@@ -204,10 +274,9 @@ bool uform_vram_rmsnorm_aligned(void const* pointer) { return (uintptr_t)pointer
 } // namespace
 
 size_t uform_vram_rmsnorm_scratch(uform_plan_t const* plan) {
-    size_t chunks = (plan->tokens + uform_vram_rmsnorm_chunk_k - 1) / uform_vram_rmsnorm_chunk_k;
-    return chunks * plan->hidden * sizeof(double);
+    size_t blocks = (plan->tokens + uform_vram_rmsnorm_block_tokens_k - 1) / uform_vram_rmsnorm_block_tokens_k;
+    return blocks * plan->hidden * sizeof(double);
 }
-
 uform_status_t uform_vram_rmsnorm_forward(void* context, void* out, float* rstd, void const* x, float const* gain,
                                           size_t tokens, size_t hidden) {
     if (!tokens || !hidden) return uform_status_success_k;
@@ -231,14 +300,36 @@ uform_status_t uform_vram_rmsnorm_backward(void* context, void* d_x, float* d_ga
     if (!tokens || !hidden) return uform_status_success_k;
     uform_vram_context_t* vram = uform_vram(context);
     size_t blocks = (tokens + uform_vram_rmsnorm_warps_k - 1) / uform_vram_rmsnorm_warps_k;
-    size_t chunks = (tokens + uform_vram_rmsnorm_chunk_k - 1) / uform_vram_rmsnorm_chunk_k;
-    size_t column_blocks = (hidden + uform_vram_rmsnorm_columns_k - 1) / uform_vram_rmsnorm_columns_k;
-    if (blocks > 0x7FFFFFFFu || column_blocks > 0x7FFFFFFFu)
+    size_t fused_blocks = (tokens + uform_vram_rmsnorm_block_tokens_k - 1) / uform_vram_rmsnorm_block_tokens_k;
+    if (blocks > 0x7FFFFFFFu)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "rmsnorm backward: %zu tokens of %zu", tokens,
                                hidden);
     cudaStream_t stream = vram->stream;
     bool vectors = hidden % 8 == 0 && uform_vram_rmsnorm_aligned(d_x) && uform_vram_rmsnorm_aligned(d_out) &&
                    uform_vram_rmsnorm_aligned(x) && uform_vram_rmsnorm_aligned(gain);
+    size_t tiles = (hidden + uform_vram_rmsnorm_tile_k - 1) / uform_vram_rmsnorm_tile_k;
+    bool fused = vectors && tokens <= 0xFFFFFFFFu && fused_blocks <= 0x7FFFFFFFu &&
+                 fused_blocks * hidden * sizeof(double) <= vram->scratch_bytes[uform_vram_scratch_rmsnorm_k];
+    if (fused) {
+        double* partials = (double*)vram->scratch[uform_vram_scratch_rmsnorm_k];
+        size_t widest = hidden < uform_vram_rmsnorm_tile_k ? hidden : uform_vram_rmsnorm_tile_k;
+        unsigned lanes = (unsigned)((widest / 8 + 31) / 32);
+        auto kernel = tiles > 1    ? uform_vram_rmsnorm_backward_fused_kernel<4, false>
+                      : lanes == 1 ? uform_vram_rmsnorm_backward_fused_kernel<1, true>
+                      : lanes == 2 ? uform_vram_rmsnorm_backward_fused_kernel<2, true>
+                      : lanes == 3 ? uform_vram_rmsnorm_backward_fused_kernel<3, true>
+                                   : uform_vram_rmsnorm_backward_fused_kernel<4, true>;
+        kernel<<<dim3((unsigned)fused_blocks, (unsigned)tiles), uform_vram_rmsnorm_threads_k, 0, stream>>>(
+            (uform_bf16_t*)d_x, partials, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, (unsigned)tokens,
+            (unsigned)hidden);
+        uform_status_t status = uform_vram_launched("uform_vram_rmsnorm_backward (fused)");
+        if (status != uform_status_success_k) return status;
+        uform_vram_rmsnorm_gain_kernel<<<uform_vram_blocks(hidden, uform_vram_rmsnorm_gain_columns_k),
+                                         dim3(uform_vram_rmsnorm_gain_columns_k, uform_vram_rmsnorm_gain_slices_k), 0,
+                                         stream>>>(
+            d_gain, partials, fused_blocks, hidden);
+        return uform_vram_launched("uform_vram_rmsnorm_backward (gain)");
+    }
     if (vectors)
         uform_vram_rmsnorm_backward_kernel<true><<<(unsigned)blocks, uform_vram_rmsnorm_threads_k, 0, stream>>>(
             (uform_bf16_t*)d_x, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, tokens, hidden);
@@ -247,20 +338,7 @@ uform_status_t uform_vram_rmsnorm_backward(void* context, void* d_x, float* d_ga
             (uform_bf16_t*)d_x, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, tokens, hidden);
     uform_status_t status = uform_vram_launched("uform_vram_rmsnorm_backward (d_x)");
     if (status != uform_status_success_k) return status;
-
-    if (chunks > 65535 || chunks * hidden * sizeof(double) > vram->scratch_bytes[uform_vram_scratch_rmsnorm_k]) {
-        uform_vram_rmsnorm_gain_direct_kernel<<<uform_vram_blocks(hidden, uform_vram_rmsnorm_columns_k),
-                                                uform_vram_rmsnorm_columns_k, 0, stream>>>(
-            d_gain, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, rstd, tokens, hidden, chunks);
-        return uform_vram_launched("uform_vram_rmsnorm_backward (gain, past the plan)");
-    }
-    double* partials = (double*)vram->scratch[uform_vram_scratch_rmsnorm_k];
-    dim3 grid((unsigned)column_blocks, (unsigned)chunks);
-    uform_vram_rmsnorm_partials_kernel<<<grid, uform_vram_rmsnorm_columns_k, 0, stream>>>(
-        partials, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, rstd, tokens, hidden);
-    status = uform_vram_launched("uform_vram_rmsnorm_backward (gain partials)");
-    if (status != uform_status_success_k) return status;
-    uform_vram_rmsnorm_gain_kernel<<<uform_vram_blocks(hidden, 256), 256, 0, stream>>>(d_gain, partials, chunks,
-                                                                                        hidden);
-    return uform_vram_launched("uform_vram_rmsnorm_backward (gain)");
+    uform_vram_rmsnorm_gain_direct_kernel<<<uform_vram_blocks(hidden, 128), 128, 0, stream>>>(
+        d_gain, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, rstd, tokens, hidden);
+    return uform_vram_launched("uform_vram_rmsnorm_backward (gain, unfused)");
 }
