@@ -223,8 +223,9 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
         .depth = 1,
         .hidden = fuzz_hidden_k,
         .batch = {.max_rows_per_device = 4, .max_columns_per_row = 32, .max_segments_per_device = 16,
-                  .max_bags_per_device = 6},
+                  .max_bags_per_device = 6, .max_choices_per_item = 4},
         .contrastive = {.temperature_groups = 2, .max_edges_per_device = 48},
+        .choices = {.weight = 1},
         .schedule = {.steps = 1000000000},
         .seed = 7,
     };

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 MASK_ID = 256
+CHOICE_ID = 257  # the position after an item's content whose decoder logits choose
 M64 = (1 << 64) - 1
 
 
@@ -190,22 +191,34 @@ def cross_entropy(logits, targets):
     return float(-log_probabilities[np.arange(len(targets)), targets].mean())
 
 
+def choose(logits, offered, targets):
+    """-sum t log q over one item's offered bytes, q their softmax alone."""
+    picked = np.asarray(logits, np.float64)[list(offered)]
+    log_q = picked - picked.max() - np.log(np.exp(picked - picked.max()).sum())
+    return float(-(np.asarray(targets, np.float64) * log_q).sum())
+
+
 def step_losses(weights, items, *, depth, objective, seed, step, relations=None, groups=None, form="sigmoid",
-                dimensions=None, negatives="ambient", ambient_weight=1.0, masking=None, text_weight=1.0):
-    """(total, masked, contrastive) of one step over byte-string items, as uform defines them."""
+                dimensions=None, negatives="ambient", ambient_weight=1.0, masking=None, text_weight=1.0,
+                choices=None, choice_targets=None, choices_weight=1.0):
+    """(total, masked, contrastive, choices) of one step over byte-string items, as uform defines them.
+    An item offering choices (bytes) ends with CHOICE_ID, which pooling counts and masking skips."""
     masking = masking or {}
-    states, pooled, decoded, targets = [], [], [], []
+    states, pooled, decoded, targets, chose = [], [], [], [], []
     for i, data in enumerate(items):
         if objective == "contrastive":
             ids, chosen = list(data), []
         else:
             ids, chosen = mask_item(data, seed, step, i, **masking)
-        final = encode(weights, ids, depth)
+        offered = choices[i] if choices else b""
+        final = encode(weights, list(ids) + [CHOICE_ID] * (len(offered) > 0), depth)
         states.append(final)
         pooled.append(final.mean(0))
         for p in chosen:
             decoded.append(final[p])
             targets.append(data[p])
+        if offered:
+            chose.append(choose(final[-1] @ weights["text.decoder"].T, offered, choice_targets[i]))
     masked = float("nan")
     if objective != "contrastive" and targets:
         masked = cross_entropy(np.array(decoded) @ weights["text.decoder"].T, np.array(targets))
@@ -215,12 +228,15 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
         groups = np.zeros(len(items), dtype=int) if groups is None else np.asarray(groups)
         contrastive = contrastive_loss(np.array(pooled), groups, weights["contrastive.log_inverse_temperature"],
                                        weights["contrastive.bias"], labels, cell_weights, form, dimensions)
+    chose = float(np.mean(chose)) if chose else float("nan")
     parts = []
     if not math.isnan(masked):
         parts.append(text_weight * masked)
     if not math.isnan(contrastive):
         parts.append(contrastive)
-    return (sum(parts) if parts else float("nan")), masked, contrastive
+    if not math.isnan(chose):
+        parts.append(choices_weight * chose)
+    return (sum(parts) if parts else float("nan")), masked, contrastive, chose
 
 
 def tensor_names(depth):

@@ -59,7 +59,15 @@ CASES = [
     ("contrastive", uform.PairLossForm.BALANCED, None, dict(negatives="named")),
     ("contrastive", uform.PairLossForm.RANKED, [128, 64], dict(ambient_weight=0.25)),
     ("joint", uform.PairLossForm.SIGMOID, [64, 128], dict(ambient_weight=0.5, text_weight=2.0)),
+    ("joint", uform.PairLossForm.RANKED, None, dict(choices_weight=0.7)),
+    ("contrastive", uform.PairLossForm.SIGMOID, None, dict(choices_weight=1.5)),
+    ("masked", uform.PairLossForm.SIGMOID, None, dict(choices_weight=1.0, masking=MASKING)),
 ]
+# Items 0, 2 and 5 offer choices; item 5's three bytes include one its target rules out.
+CHOICES = [b"yn", b"", b"abcdefg", b"", b"", b"\x00\xff\x10"]
+CHOICE_TARGETS = [np.array([0.9, 0.1], np.float32), np.zeros(0, np.float32),
+                  np.array([0.1, 0.2, 0.05, 0.15, 0.3, 0.1, 0.1], np.float32), np.zeros(0, np.float32),
+                  np.zeros(0, np.float32), np.array([0.25, 0.0, 0.75], np.float32)]
 
 
 def settings(objective, form, dimensions, options):
@@ -71,7 +79,19 @@ def settings(objective, form, dimensions, options):
     reference = dict(objective=objective, form=FORMS[form], dimensions=dimensions,
                      negatives=options.get("negatives", "ambient"), ambient_weight=options.get("ambient_weight", 1.0),
                      masking=options.get("masking"), text_weight=options.get("text_weight", 1.0))
-    return config(objective, form, dimensions, masking=masking, contrastive=contrastive), reference
+    made = config(objective, form, dimensions, masking=masking, contrastive=contrastive)
+    if "choices_weight" in options:
+        made["choices"] = dict(weight=options["choices_weight"])
+        made["batch"]["max_choices_per_item"] = 8
+        reference.update(choices=CHOICES, choice_targets=CHOICE_TARGETS, choices_weight=options["choices_weight"])
+    return made, reference
+
+
+def case_batch(options):
+    """The batch of a case: the items offer CHOICES when the case trains the choices term."""
+    if "choices_weight" not in options:
+        return batch()
+    return dict(batch(), choices=CHOICES, choice_targets=CHOICE_TARGETS)
 
 
 @pytest.mark.parametrize("objective,form,dimensions,options", CASES)
@@ -80,15 +100,15 @@ def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_pat
     trainer_config, reference = settings(objective, form, dimensions, options)
     with uform.Trainer.init_ram(executor, trainer_config) as trainer:
         for _ in range(2):  # leave the initial point, so moments and weights are not special
-            trainer.step(batch())
+            trainer.step(case_batch(options))
         weights = named_weights(trainer, tmp_path, trainer._weights())
-        stats, flat_gradients = trainer._probe(batch())
+        stats, flat_gradients = trainer._probe(case_batch(options))
         gradients = named_weights(trainer, tmp_path, flat_gradients)
 
     def loss(w):
         return step_losses(w, ITEMS, depth=DEPTH, seed=5, step=3, relations=RELATIONS, groups=GROUPS, **reference)
 
-    total, masked, contrastive = loss(weights)
+    total, masked, contrastive, chose = loss(weights)
     assert stats.loss == pytest.approx(total, rel=2e-4)
     if objective != "contrastive":
         assert stats.masked_loss == pytest.approx(masked, rel=2e-4)
@@ -98,6 +118,10 @@ def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_pat
         assert stats.contrastive_loss == pytest.approx(contrastive, rel=2e-4)
     else:
         assert math.isnan(stats.contrastive_loss)
+    if "choices_weight" in options:
+        assert stats.choices_loss == pytest.approx(chose, rel=2e-4) and stats.choice_items == 3
+    else:
+        assert math.isnan(stats.choices_loss) and stats.choice_items == 0
 
     rng = np.random.default_rng(1)
     checked = 0
@@ -260,6 +284,45 @@ def test_bad_batches_are_refused_by_name_and_change_nothing(executor):
         assert losses == clean_losses
         assert np.array_equal(trainer._weights(), clean_weights)
         assert trainer.step(good[0]).stats.step == 4
+
+
+def targets(*rows):
+    return [np.array(row, np.float32) for row in rows]
+
+
+NONE = [0.0] * 0
+BAD_CHOICES = [
+    ("targets shorter", dict(choices=["yn"] + [""] * 5, choice_targets=targets([1.0], *[NONE] * 5)),
+     r"batch\.choice_targets\[0\]: 1 targets for 2 choices"),
+    ("targets on an item offering none", dict(choices=[""] * 6, choice_targets=targets([1.0], *[NONE] * 5)),
+     r"batch\.choice_targets\[0\]: 1 targets for 0 choices"),
+    ("non-finite target", dict(choices=["", "yn"] + [""] * 4,
+                               choice_targets=targets(NONE, [float("nan"), 1.0], *[NONE] * 4)),
+     r"batch\.choice_targets\[1\]\[0\]: nan"),
+    ("negative target", dict(choices=["yn"] + [""] * 5, choice_targets=targets([1.5, -0.5], *[NONE] * 5)),
+     r"batch\.choice_targets\[0\]\[1\]: -0\.5"),
+    ("targets not summing to one", dict(choices=["yn"] + [""] * 5, choice_targets=targets([0.5, 0.49], *[NONE] * 5)),
+     r"batch\.choice_targets\[0\]: the targets sum to 0\.99"),
+    ("a byte offered twice", dict(choices=["yny"] + [""] * 5, choice_targets=targets([0.5, 0.25, 0.25], *[NONE] * 5)),
+     r"batch\.choices\[0\]: byte 121 is offered twice"),
+    ("too many choices", dict(choices=["abcdefghi"] + [""] * 5, choice_targets=targets([1 / 9] * 9, *[NONE] * 5)),
+     r"batch\.choices\[0\]: 9 choices exceed config\.batch\.max_choices_per_item = 8"),
+    ("choices without targets", dict(choices=["yn"] + [""] * 5), r"batch\.choice_targets: required"),
+    ("choices without an entry per item", dict(choices=["yn"], choice_targets=targets([0.5, 0.5])),
+     r"batch\.choices: 1 entries"),
+]
+
+
+@pytest.mark.parametrize("label,change,message", BAD_CHOICES, ids=[case[0] for case in BAD_CHOICES])
+def test_bad_choices_are_refused_by_name_and_change_nothing(executor, label, change, message):
+    made = dict(config(), choices=dict(weight=1.0))
+    made["batch"]["max_choices_per_item"] = 8
+    good = dict(batch(), choices=CHOICES, choice_targets=CHOICE_TARGETS)
+    with uform.Trainer.init_ram(executor, made) as trainer, uform.Trainer.init_ram(executor, made) as clean:
+        with pytest.raises(uform.InvalidArgument, match=message):
+            trainer.step(dict(batch(), **change))
+        assert trainer.step(good).stats.loss == clean.step(good).stats.loss
+        assert np.array_equal(trainer._weights(), clean._weights())
 
 
 def test_too_many_edges_is_refused(executor):

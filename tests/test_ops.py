@@ -386,6 +386,51 @@ def test_cross_entropy_without_rows_is_nan_and_writes_nothing():
     assert_identical(result, d_logits)
 
 
+def choices_case(rng):
+    """Rows offering 2, 1, 7, 40 and all 256 bytes, in shuffled orders, with targets summing to one."""
+    offered = [bytes(rng.permutation(256)[:k].astype(np.uint8)) for k in (2, 1, 7, 40, 256)]
+    targets = [rng.dirichlet(np.ones(len(b))).astype(np.float32) for b in offered]
+    targets[2][3] = 0  # a choice the target rules out
+    targets[2] /= targets[2].sum()
+    logits = f32(rng, len(offered), 256, scale=3.0)
+    logits[3] += 200.0  # large logits stay finite
+    return logits, offered, targets
+
+
+def choices_reference(logits, offered, targets):
+    """Mean over rows of -sum t log softmax(logits at the offered bytes), and each row's softmax."""
+    losses, probabilities = [], []
+    for row, choices, target in zip(np.asarray(logits, np.float64), offered, targets):
+        picked = row[list(choices)]
+        log_q = picked - picked.max() - np.log(np.exp(picked - picked.max()).sum())
+        losses.append(-(np.asarray(target, np.float64) * log_q).sum())
+        probabilities.append(np.exp(log_q))
+    return float(np.mean(losses)), probabilities
+
+
+def test_choices(rng):
+    logits, offered, targets = choices_case(rng)
+    scale = 0.7
+    loss, d_logits, probabilities = testing.choices(logits, offered, targets, scale)
+    expected, expected_probabilities = choices_reference(logits, offered, targets)
+    assert loss == pytest.approx(expected, rel=1e-6)
+    for actual, wanted in zip(probabilities, expected_probabilities):
+        assert_close(actual, wanted)
+        assert actual.sum() == pytest.approx(1.0, rel=1e-5)
+    numeric = numeric_gradient(lambda v: scale * choices_reference(v, offered, targets)[0], logits, 1.0)
+    assert_close(d_logits, numeric)
+    for row, choices in enumerate(offered):  # bytes a row does not offer get exactly zero
+        others = np.setdiff1d(np.arange(256), np.frombuffer(choices, np.uint8))
+        assert not d_logits[row, others].any()
+    _, _, alone = testing.choices(logits, offered)  # inference: probabilities without targets
+    assert_identical(tuple(alone), tuple(probabilities))
+
+
+def test_choices_without_rows_is_nan():
+    loss, _, _ = testing.choices(np.zeros((0, 256), np.float32), [], [])
+    assert np.isnan(loss)
+
+
 IGNORED, ATTRACT, REPEL = 0, 1, 2
 
 

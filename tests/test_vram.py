@@ -112,6 +112,18 @@ def test_rope(rng):
         assert np.array_equal(gpu[:, 512:], qkv[:, 512:])  # values are not rotated
 
 
+def test_choices(rng):
+    logits = act(rng, 5, 256, scale=3.0)
+    offered = [bytes(rng.permutation(256)[:k].astype(np.uint8)) for k in (2, 1, 7, 40, 256)]
+    targets = [rng.dirichlet(np.ones(len(b))).astype(np.float32) for b in offered]
+    (loss, d_logits, probabilities), (gpu_loss, gpu_d_logits, gpu_probabilities) = both(
+        testing.choices, logits, offered, targets, 0.7)
+    assert gpu_loss == pytest.approx(loss, rel=F32)
+    close(gpu_d_logits, d_logits, BF16)
+    close(np.concatenate(gpu_probabilities), np.concatenate(probabilities), F32)
+    assert np.array_equal(testing.choices(logits, offered, targets, 0.7, backend="vram")[1], gpu_d_logits)
+
+
 @pytest.mark.parametrize("lengths", [[512] * 8, [1, 511, 64, 3, 200], [37]])
 def test_attention(rng, lengths):
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -240,6 +252,20 @@ def test_step_matches_the_cpu(rng, cpu, gpu, objective, form):
         # AdamW moves each weight by about the learning rate whatever its gradient's size, so the few
         # gradients near zero whose sign bf16 flips move the whole way the other way: 2e-3, not 1e-4.
         close(trainer._weights(), reference._weights(), 2e-3)
+
+
+@pytest.mark.parametrize("objective", [uform.Objective.CONTRASTIVE, uform.Objective.JOINT])
+def test_step_with_choices_matches_the_cpu(rng, cpu, gpu, objective):
+    config = dict(CONFIG, objective=objective, choices=dict(weight=0.8),
+                  batch=dict(CONFIG["batch"], max_choices_per_item=16))
+    offered = [bytes(rng.permutation(256)[:k].astype(np.uint8)) if k else b"" for k in rng.integers(0, 17, 12)]
+    targets = [rng.dirichlet(np.ones(len(b))).astype(np.float32) if b else np.zeros(0, np.float32) for b in offered]
+    step = dict(batch(rng), choices=offered, choice_targets=targets)
+    with uform.Trainer.init_ram(cpu, config) as reference, uform.Trainer.init_vram(gpu, config) as trainer:
+        (stats, gradients), (gpu_stats, gpu_gradients) = reference._probe(step), trainer._probe(step)
+        assert gpu_stats.choices_loss == pytest.approx(stats.choices_loss, rel=MODEL)
+        assert gpu_stats.choice_items == stats.choice_items == sum(1 for b in offered if b)
+        close(gpu_gradients, gradients, MODEL)
 
 
 def test_runs_repeat_bit_for_bit(rng, gpu):

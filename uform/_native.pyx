@@ -353,6 +353,7 @@ cdef dict _stats(const uform_trainer_stats_t* stats):
         "truncated_items": stats.truncated_items,
         "masked_positions": stats.masked_positions,
         "contrastive_rows": stats.contrastive_rows,
+        "choice_items": stats.choice_items,
         "host_seconds": stats.host_seconds,
         "skipped": stats.skipped != 0,
         "inverse_temperatures": [stats.inverse_temperatures[i] for i in range(groups)],

@@ -71,6 +71,10 @@ cdef extern from "backend.h" nogil:
         size_t dimensions_count
         uint32_t dimensions[UFORM_MAX_MATRYOSHKA_DIMENSIONS]
 
+    ctypedef struct uform_terms_t:
+        int masked_ran, contrastive_ran, choices_ran
+        float text_weight, choices_weight
+
     ctypedef struct uform_update_t:
         float* weights
         void* compute
@@ -78,8 +82,8 @@ cdef extern from "backend.h" nogil:
         float* first
         float* second
         const double* scalars
-        float learning_rate, beta1, beta2, epsilon, weight_decay, clip_norm, text_weight
-        int masked_ran, contrastive_ran
+        float learning_rate, beta1, beta2, epsilon, weight_decay, clip_norm
+        uform_terms_t terms
         uint64_t step
 
     ctypedef struct uform_backend_t:
@@ -118,6 +122,8 @@ cdef extern from "backend.h" nogil:
         uform_status_t (*gather_rows)(void*, void*, const void*, const uint32_t*, size_t, size_t)
         uform_status_t (*scatter_rows)(void*, void*, const void*, const uint32_t*, size_t, size_t)
         uform_status_t (*cross_entropy)(void*, double*, void*, const void*, const uint32_t*, size_t, size_t, float)
+        uform_status_t (*choices)(void*, double*, void*, float*, const void*, const uint32_t*, const uint8_t*,
+                                  const float*, size_t, float)
         uform_status_t (*pool_forward)(void*, float*, const void*, const uform_items_t*, size_t)
         uform_status_t (*pool_backward)(void*, void*, const float*, const uform_items_t*, size_t)
         uform_status_t (*contrastive)(void*, double*, float*, float*, float*, float*, const float*, const float*,
@@ -502,6 +508,29 @@ def cross_entropy(logits, targets, float scale=1.0, d_logits=None, int threads=2
     return s.get_double(<size_t>loss), s.get(<size_t>gradient, shape, ACT)
 
 
+def choices(logits, offered, targets=None, float scale=1.0, int threads=2, backend="ram"):
+    """Returns (loss, d_logits, probabilities) for logits (rows, 256) and, per row, the offered bytes
+    (a bytes object each) and their targets (float32 arrays, or None for probabilities alone);
+    d_logits starts NaN, so a row the operation leaves unwritten shows."""
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in offered])]).astype(np.uint32)
+    data = np.frombuffer(b"".join(offered) or b"\0", dtype=np.uint8)
+    cdef size_t count = len(offered)
+    cdef Session s = Session(backend, threads)
+    cdef double* loss = <double*>s.put(np.full(1, np.nan))
+    cdef void* gradient = s.put(np.full(logits.shape, np.nan, np.float32), ACT)
+    cdef float* probabilities = <float*>s.put(np.full(max(int(offsets[-1]), 1), np.nan, np.float32))
+    cdef float* aimed = NULL
+    if targets is not None:
+        aimed = <float*>s.put(np.concatenate([np.asarray(t, np.float32) for t in targets] + [np.zeros(1, np.float32)]))
+    s.check(s.backend.choices(s.context, loss, gradient, probabilities, s.put(logits, ACT), <uint32_t*>s.put(offsets),
+                              <uint8_t*>s.put(data), aimed, count, scale))
+    flat = s.get(<size_t>probabilities, (max(int(offsets[-1]), 1),))
+    split = [flat[offsets[i]:offsets[i + 1]] for i in range(count)]
+    if targets is None:
+        return None, None, split
+    return s.get_double(<size_t>loss), s.get(<size_t>gradient, logits.shape, ACT), split
+
+
 def contrastive(pooled, log_inverse_temperature, bias, cells, weights, groups, dimensions, form, float scale=1.0,
                 d_pooled=None, d_log_inverse_temperature=None, d_bias=None, int threads=2, backend="ram"):
     """Returns (loss, d_pooled, d_log_inverse_temperature, d_bias, normalized).
@@ -570,8 +599,8 @@ def adamw(weights, gradients, first, second, float learning_rate, float beta1, f
     update.first, update.second = <float*>s.put(first), <float*>s.put(second)
     update.scalars = <double*>s.put(scalars)
     update.learning_rate, update.beta1, update.beta2, update.epsilon = learning_rate, beta1, beta2, epsilon
-    update.weight_decay, update.clip_norm, update.text_weight = weight_decay, 1.0, 1.0
-    update.masked_ran, update.contrastive_ran = not np.isnan(losses[0]), not np.isnan(losses[1])
+    update.weight_decay, update.clip_norm, update.terms.text_weight = weight_decay, 1.0, 1.0
+    update.terms.masked_ran, update.terms.contrastive_ran = not np.isnan(losses[0]), not np.isnan(losses[1])
     update.step = step
     s.check(s.backend.adamw(s.context, &update))
     compute = None if update.compute == NULL else s.get(<size_t>update.compute, weights.shape, ACT)

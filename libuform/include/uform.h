@@ -317,6 +317,7 @@ typedef struct uform_trainer_stats_t {
     uint64_t truncated_items;
     uint64_t masked_positions; /**< Positions the masked term scored; 0 when it scored none. */
     uint64_t contrastive_rows; /**< Anchor rows the contrastive term counted; 0 when it counted none. */
+    uint64_t choice_items;     /**< Items whose choices the choices term scored. */
     /** Seconds from the call until the step's inputs were validated, packed and queued for upload:
      *  the time a GPU waits for the host, beside the step's wall time. */
     double host_seconds;

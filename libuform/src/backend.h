@@ -69,6 +69,7 @@ enum {
     uform_scalar_masked_loss_k = 0,      /* mean cross-entropy over masked positions, unweighted */
     uform_scalar_contrastive_loss_k = 1, /* the contrastive term; NaN when no row counted */
     uform_scalar_norm_squared_k = 2,     /* the global gradient's squared norm */
+    uform_scalar_choices_loss_k = 3,     /* mean cross-entropy over the items that offer choices, unweighted */
     uform_scalars_k = 4,
 };
 
@@ -78,6 +79,12 @@ typedef struct uform_contrastive_setup_t {
     size_t dimensions_count;
     uint32_t dimensions[UFORM_MAX_MATRYOSHKA_DIMENSIONS];
 } uform_contrastive_setup_t;
+
+/** Which losses ran this step and how the total weighs them. */
+typedef struct uform_terms_t {
+    int masked_ran, contrastive_ran, choices_ran;
+    float text_weight, choices_weight; /* the masked and choices terms' weights; the contrastive term's is one */
+} uform_terms_t;
 
 /** One AdamW update of every tensor of a layout, or none when the step is poisoned. */
 typedef struct uform_update_t {
@@ -89,8 +96,7 @@ typedef struct uform_update_t {
     double const* scalars; /* the step's scalars: the norm and the losses judged below */
     float learning_rate, beta1, beta2, epsilon, weight_decay; /* decay applies to tensors that decay */
     float clip_norm;       /* gradients scale by clip_norm / norm when the norm exceeds it */
-    float text_weight;     /* the masked term's weight in the total loss */
-    int masked_ran, contrastive_ran; /* which losses count toward the total */
+    uform_terms_t terms;   /* which losses count toward the total, and their weights */
     uint64_t step;         /* this update's number, from 1: AdamW's bias corrections */
 } uform_update_t;
 
@@ -101,19 +107,23 @@ typedef struct uform_update_t {
 #define UFORM_HOST_DEVICE
 #endif
 
+/** Whether any loss ran: a step where none did changes nothing. */
+UFORM_HOST_DEVICE static inline int uform_terms_ran(uform_terms_t terms) {
+    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran;
+}
+
 /** The step's total loss, as the core reports it: the weighted sum of the losses that ran. */
-UFORM_HOST_DEVICE static inline double uform_total_loss(double const* scalars, int masked_ran, int contrastive_ran,
-                                                        float text_weight) {
+UFORM_HOST_DEVICE static inline double uform_total_loss(double const* scalars, uform_terms_t terms) {
     double total = 0;
-    if (masked_ran) total += (double)text_weight * scalars[uform_scalar_masked_loss_k];
-    if (contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
+    if (terms.masked_ran) total += (double)terms.text_weight * scalars[uform_scalar_masked_loss_k];
+    if (terms.contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
+    if (terms.choices_ran) total += (double)terms.choices_weight * scalars[uform_scalar_choices_loss_k];
     return total;
 }
 
 /** Whether an update must be skipped: the float total loss and the float norm must both be finite. */
-UFORM_HOST_DEVICE static inline int uform_update_poisoned(double const* scalars, int masked_ran, int contrastive_ran,
-                                                          float text_weight) {
-    float loss = (float)uform_total_loss(scalars, masked_ran, contrastive_ran, text_weight);
+UFORM_HOST_DEVICE static inline int uform_update_poisoned(double const* scalars, uform_terms_t terms) {
+    float loss = (float)uform_total_loss(scalars, terms);
     float norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     return !isfinite(loss) || !isfinite(norm);
 }
@@ -219,6 +229,17 @@ typedef uform_status_t (*uform_scatter_rows_t)(void* context, void* d_in, void c
  */
 typedef uform_status_t (*uform_cross_entropy_t)(void* context, double* loss, void* d_logits, void const* logits,
                                                 uint32_t const* targets, size_t count, size_t classes, float scale);
+/**
+ *  The choices term over `count` rows of byte logits (count, 256), activations: row i offers the
+ *  bytes choices[offsets[i] .. offsets[i + 1]) (distinct) and softmax runs over those only, q.
+ *  Writes, each when not NULL: `probabilities` (float32, as `choices`), q; with `targets`
+ *  (float32, as `choices`), the mean over rows of -sum t log q into `*loss` (a device scalar; NaN
+ *  for count 0) and d_logits (count, 256) = scale (q sum(t) - t) / count at the offered bytes, zero
+ *  elsewhere, written.
+ */
+typedef uform_status_t (*uform_choices_op_t)(void* context, double* loss, void* d_logits, float* probabilities,
+                                             void const* logits, uint32_t const* offsets, uint8_t const* choices,
+                                             float const* targets, size_t count, float scale);
 /** pooled (items, hidden), float32, = mean of each item's rows of states (activations). */
 typedef uform_status_t (*uform_pool_forward_t)(void* context, float* pooled, void const* states,
                                                uform_items_t const* items, size_t hidden);
@@ -276,6 +297,7 @@ typedef struct uform_backend_t {
     uform_gather_rows_t gather_rows;
     uform_scatter_rows_t scatter_rows;
     uform_cross_entropy_t cross_entropy;
+    uform_choices_op_t choices;
     uform_pool_forward_t pool_forward;
     uform_pool_backward_t pool_backward;
     uform_contrastive_loss_t contrastive;

@@ -15,16 +15,19 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     uform_batch_shape_t const* batch = &config->given.batch;
     size_t tokens = (size_t)batch->max_rows_per_device * batch->max_columns_per_row;
     size_t segments = batch->max_segments_per_device, words = sizeof(uint32_t);
+    size_t choices = segments * batch->max_choices_per_item, edges = (segments + 1) * sizeof(uint64_t);
     memset(packed, 0, sizeof(*packed));
     /* One block, each array starting on a 64-byte line: the 64-bit offsets first, bytes last. */
-    size_t sizes[] = {(segments + 1) * sizeof(uint64_t), tokens * words, tokens * words, tokens * words, tokens * words,
+    size_t sizes[] = {edges, edges, edges, tokens * words, tokens * words, tokens * words, tokens * words,
                       tokens * words, (uform_vocabulary_k + 1) * words, segments * sizeof(uform_segment_t),
                       segments * words, segments * segments * sizeof(float), batch->max_rows_per_device * words,
-                      segments * segments};
-    void** arrays[] = {(void**)&packed->offsets, (void**)&packed->ids, (void**)&packed->positions,
-                       (void**)&packed->masked, (void**)&packed->targets, (void**)&packed->order,
-                       (void**)&packed->order_offsets, (void**)&packed->segments, (void**)&packed->groups,
-                       (void**)&packed->weights, (void**)&packed->row_fill, (void**)&packed->cells};
+                      (segments + 1) * words, choices * sizeof(float), segments * segments, choices};
+    void** arrays[] = {(void**)&packed->offsets, (void**)&packed->choice_snapshot, (void**)&packed->target_snapshot,
+                       (void**)&packed->ids, (void**)&packed->positions, (void**)&packed->masked,
+                       (void**)&packed->targets, (void**)&packed->order, (void**)&packed->order_offsets,
+                       (void**)&packed->segments, (void**)&packed->groups, (void**)&packed->weights,
+                       (void**)&packed->row_fill, (void**)&packed->choice_offsets, (void**)&packed->choice_targets,
+                       (void**)&packed->cells, (void**)&packed->choice_bytes};
     size_t total = 0, count = sizeof(sizes) / sizeof(sizes[0]);
     for (size_t i = 0; i != count; ++i) total += (sizes[i] + 63) / 64 * 64;
     uform_status_t status = backend->host_allocate(context, total, &packed->memory);
@@ -143,24 +146,92 @@ static uform_status_t uform_contents_check(uform_packed_t* packed, uform_tape_t 
     return uform_status_success_k;
 }
 
+static int uform_tape_given(uform_tape_t const* tape) { return tape->offsets || tape->data; }
+
+/* The bytes an item offers to choose from, from the checked snapshot. */
+static size_t uform_choices_of(uform_packed_t const* packed, size_t item) {
+    return packed->choices_count ? (size_t)(packed->choice_snapshot[item + 1] - packed->choice_snapshot[item]) : 0;
+}
+
+/*
+ *  Checks the items' choices and, when `targets` is given, their targets, reading each value once
+ *  into `packed`. Training needs targets and the choices term; inference (`targets` NULL) reads the
+ *  bytes alone. Only text items carry a choice position.
+ */
+static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t const* config, size_t count,
+                                          uform_modality_t const* modalities, uform_tape_t const* choices,
+                                          uform_tape_t const* targets, size_t first, char const** error) {
+    uform_trainer_init_vram_t const* c = &config->given;
+    int training = targets != NULL;
+    packed->choices_count = 0;
+    if (!uform_tape_given(choices)) {
+        if (training && uform_tape_given(targets) && targets->offsets && targets->count &&
+            targets->offsets[targets->count] != targets->offsets[0])
+            return UFORM_INVALID("batch.choice_targets: given without batch.choices");
+        return uform_status_success_k;
+    }
+    uint64_t* snapshot = packed->choice_snapshot;
+    uform_status_t status = uform_tape_check(choices, count, "batch.choices", snapshot, error);
+    if (status != uform_status_success_k) return status;
+    int offered_any = snapshot[count] != snapshot[0];
+    if (training && offered_any && !(c->choices.weight > 0))
+        return UFORM_INVALID("batch.choices: items offer choices, which need config.choices.weight");
+    if (training && offered_any && !uform_tape_given(targets))
+        return UFORM_INVALID("batch.choice_targets: required with batch.choices");
+    training = training && uform_tape_given(targets);
+    if (training) status = uform_tape_check(targets, count, "batch.choice_targets", packed->target_snapshot, error);
+    if (status != uform_status_success_k) return status;
+    uint8_t const* bytes = (uint8_t const*)choices->data;
+    char const* values = training ? (char const*)targets->data : NULL; /* float32s, read by copy: any alignment */
+    size_t cursor = 0, offering = 0;
+    for (size_t i = 0; i != count; ++i) {
+        size_t offered = (size_t)(snapshot[i + 1] - snapshot[i]);
+        size_t aimed = training ? (size_t)(packed->target_snapshot[i + 1] - packed->target_snapshot[i]) : 0;
+        if (training && aimed != offered)
+            return UFORM_INVALID("batch.choice_targets[%zu]: %zu targets for %zu choices", first + i, aimed, offered);
+        if (!offered) continue;
+        if (modalities[i] != uform_modality_text_k)
+            return UFORM_INVALID("batch.choices[%zu]: only text items offer choices; this one is modality %d",
+                                 first + i, (int)modalities[i]);
+        if (offered > c->batch.max_choices_per_item)
+            return UFORM_INVALID("batch.choices[%zu]: %zu choices exceed config.batch.max_choices_per_item = %u",
+                                 first + i, offered, c->batch.max_choices_per_item);
+        uint32_t seen[8] = {0};
+        double sum = 0;
+        packed->choice_offsets[offering] = (uint32_t)cursor;
+        for (size_t j = 0; j != offered; ++j) {
+            uint8_t byte = packed->choice_bytes[cursor + j] = bytes[snapshot[i] + j];
+            if (seen[byte / 32] & (1u << (byte % 32)))
+                return UFORM_INVALID("batch.choices[%zu]: byte %u is offered twice", first + i, (unsigned)byte);
+            seen[byte / 32] |= 1u << (byte % 32);
+            if (!training) continue;
+            float target;
+            memcpy(&target, values + (packed->target_snapshot[i] + j) * sizeof(float), sizeof(float));
+            packed->choice_targets[cursor + j] = target;
+            if (!isfinite(target) || target < 0)
+                return UFORM_INVALID("batch.choice_targets[%zu][%zu]: %g is not a finite non-negative probability",
+                                     first + i, j, (double)target);
+            sum += target;
+        }
+        if (training && fabs(sum - 1.0) > 1e-3)
+            return UFORM_INVALID("batch.choice_targets[%zu]: the targets sum to %g, not 1 (within 1e-3)", first + i,
+                                 sum);
+        cursor += offered, ++offering;
+    }
+    packed->choice_offsets[offering] = (uint32_t)cursor;
+    packed->choices_count = offering;
+    return uform_status_success_k;
+}
+
 static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_t const* config,
                                            uform_trainer_step_t const* step, char const** error) {
     uform_trainer_init_vram_t const* c = &config->given;
     size_t count = step->count;
     uform_status_t status = uform_items_count(config, count, step->modalities, 0, error);
     if (status != uform_status_success_k) return status;
-    /* The choice tapes borrow the offsets' snapshot before the contents take it for the packing. */
-    if (step->choices.offsets || step->choices.data) {
-        status = uform_tape_check(&step->choices, count, "batch.choices", packed->offsets, error);
-        if (status != uform_status_success_k) return status;
-        if (packed->offsets[count])
-            return UFORM_INVALID("batch.choices: items offer choices, which need config.choices.weight");
-    }
-    if (step->choice_targets.offsets || step->choice_targets.data) {
-        status = uform_tape_check(&step->choice_targets, count, "batch.choice_targets", packed->offsets, error);
-        if (status != uform_status_success_k) return status;
-        if (packed->offsets[count]) return UFORM_INVALID("batch.choice_targets: given without choices");
-    }
+    status = uform_choices_check(packed, config, count, step->modalities, &step->choices, &step->choice_targets, 0,
+                                 error);
+    if (status != uform_status_success_k) return status;
     status = uform_contents_check(packed, &step->contents, count, 0, error);
     if (status != uform_status_success_k) return status;
     if (step->bags) {
@@ -294,8 +365,11 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
     packed->contrastive_rows = 0;
     packed->segments_count = count;
     for (size_t i = 0; i != count; ++i) {
-        uint64_t begin = offsets[i], length = offsets[i + 1] - begin;
-        if (length > shape->max_columns_per_row) length = shape->max_columns_per_row, ++packed->truncated;
+        /* An item offering choices ends with its choice position, so its content fits in one column less. */
+        uint64_t choosing = uform_choices_of(packed, i) != 0, room = shape->max_columns_per_row - choosing;
+        uint64_t begin = offsets[i], content = offsets[i + 1] - begin;
+        if (content > room) content = room, ++packed->truncated;
+        uint64_t length = content + choosing;
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
@@ -313,7 +387,7 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         packed->row_fill[row] += (uint32_t)length;
         if (length > packed->longest) packed->longest = length;
         for (uint32_t p = 0; p != length; ++p) {
-            packed->ids[packed->tokens_count + p] = bytes[begin + p];
+            packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p] : uform_choice_id_k;
             packed->positions[packed->tokens_count + p] = p;
         }
         packed->tokens_count += length;
@@ -323,6 +397,14 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
                                  first + i, group, group_count);
     }
     return uform_status_success_k;
+}
+
+/* The choice positions, each its item's last, follow the masked positions: one decoder pass reads both. */
+static void uform_choice_positions(uform_packed_t* packed) {
+    size_t offering = 0;
+    for (size_t i = 0; i != packed->segments_count; ++i)
+        if (uform_choices_of(packed, i))
+            packed->masked[packed->masked_count + offering++] = packed->segments[i].start + packed->segments[i].length - 1;
 }
 
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
@@ -336,7 +418,8 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
             uform_mask_text(packed, config, step_number, first_item + i, packed->segments[i].start,
-                            packed->segments[i].length);
+                            packed->segments[i].length - (uform_choices_of(packed, i) != 0));
+    uform_choice_positions(packed);
     if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
     uform_order_fill(packed);
     return uform_status_success_k;
@@ -349,5 +432,6 @@ uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t con
     uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
     if (status == uform_status_success_k) status = uform_contents_check(packed, contents, count, first_item, error);
     if (status != uform_status_success_k) return status;
+    packed->choices_count = 0;
     return uform_pack_rows(packed, config, count, contents, NULL, first_item, error);
 }

@@ -135,10 +135,6 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (c->choices.weight > 0 && !batch->max_choices_per_item)
         return UFORM_INVALID("config.choices.weight: %g needs config.batch.max_choices_per_item",
                              (double)c->choices.weight);
-    if (c->choices.weight > 0)
-        return uform_fail(error, uform_status_unsupported_k,
-                          "config.choices.weight: %g asks for the choices term, which this build lacks",
-                          (double)c->choices.weight);
 
     uform_schedule_t* schedule = &c->schedule;
     if (!schedule->steps) return UFORM_INVALID("config.schedule.steps: missing; the cosine schedule must span a run");

@@ -110,6 +110,13 @@ typedef struct uform_packed_t {
     float* weights;      /* (segments x segments) weight of each cell */
     uint32_t* row_fill;  /* (capacity rows) positions used in each row while packing */
     uint64_t* offsets;   /* (capacity segments + 1) the contents' offsets, read once and checked */
+    /* Choices: the items that offer some, in item order, each with a choice position after its content. */
+    size_t choices_count;        /* items offering choices; their positions follow the masked ones in `masked` */
+    uint64_t* choice_snapshot;   /* (capacity segments + 1) the choices tape's offsets, read once */
+    uint64_t* target_snapshot;   /* (capacity segments + 1) the targets tape's offsets, read once */
+    uint32_t* choice_offsets;    /* (capacity segments + 1) where each offering item's bytes and targets start */
+    uint8_t* choice_bytes;       /* (capacity segments x max choices) the offered bytes, item after item */
+    float* choice_targets;       /* (capacity segments x max choices) their target probabilities */
     void* memory;        /* the one host allocation behind the arrays above */
     uform_backend_t const* backend;
     void* context;
@@ -171,19 +178,23 @@ typedef struct uform_replica_t {
     void* d_hidden;    /* (tokens, hidden) scratch */
     void* d_qkv;       /* (tokens, 3 hidden) */
     void* d_wide;      /* (tokens, 4 hidden) */
-    void* masked_states; /* (tokens, hidden) final states at masked positions */
-    void* logits;      /* (tokens, 256) decoder logits at masked positions */
+    void* masked_states; /* (tokens, hidden) final states at masked positions, then at choice positions */
+    void* logits;      /* (tokens, 256) decoder logits at those positions */
     void* d_logits;    /* (tokens, 256) */
     float* pooled;     /* (segments, hidden) */
     float* d_pooled;   /* (segments, hidden) */
     float* normalized; /* (segments, hidden) unit-norm embeddings */
     double* scalars;   /* (uform_scalars_k) the step's losses and squared norm */
     float* scored;     /* (2 x groups) the inverse temperatures' logarithms and biases the step scored with */
+    float* probabilities; /* (segments x max choices) each offered byte's probability */
     /* the packed batch, uploaded */
     uint32_t *ids, *positions, *masked, *targets, *groups, *order, *order_offsets;
     uform_segment_t* segments;
     uint8_t* cells;
     float* cell_weights;
+    uint32_t* choice_offsets; /* (segments + 1) */
+    uint8_t* choice_bytes;    /* (segments x max choices) */
+    float* choice_targets;    /* (segments x max choices) */
     struct uform_buffer_t* buffers; /* every buffer above, as taken, so they are released alike */
     size_t buffers_count;
 } uform_replica_t;
@@ -195,6 +206,9 @@ void uform_replica_free(uform_replica_t* replica);
 
 /** Uploads a packed batch, runs the forward pass and pools each item's final states. */
 uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
+
+/** Which losses a packed step runs under the config, and their weights. */
+uform_terms_t uform_model_terms(uform_config_t const* config, uform_packed_t const* packed);
 
 /** Queues a packed batch's upload; `training` adds what the losses and the backward pass read. */
 uform_status_t uform_model_upload(uform_replica_t* replica, uform_packed_t const* packed, int training);

@@ -88,6 +88,7 @@ enum {
     uform_head_width_k = 64,      /* every attention head is 64 wide */
     uform_bytes_k = 256,          /* byte values a text token takes */
     uform_mask_id_k = 256,        /* the id a masked position shows */
+    uform_choice_id_k = 257,      /* the id of the position, after an item's content, whose logits choose */
     uform_vocabulary_k = 260,     /* 256 bytes, the mask id and three ids reserved for choices and queries */
     uform_mlp_ratio_k = 4,        /* the MLP's inner width is 4 x hidden */
 };

@@ -27,7 +27,7 @@ struct uform_buffer_t {
 typedef struct uform_buffer_t uform_buffer_t;
 
 static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* layout, uform_plan_t const* plan,
-                                    size_t statistics, uform_buffer_t* list) {
+                                    size_t choices, size_t statistics, uform_buffer_t* list) {
     size_t act = uform_element_bytes(r->backend->activations), n = 0;
     size_t tokens = plan->tokens, segments = plan->segments, h = plan->hidden, wide = uform_mlp_ratio_k * h;
     size_t floats = sizeof(float), words = sizeof(uint32_t), total = layout->total;
@@ -77,11 +77,15 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->segments, segments * sizeof(uform_segment_t));
     UFORM_BUFFER(r->cells, segments * segments);
     UFORM_BUFFER(r->cell_weights, segments * segments * floats);
+    UFORM_BUFFER(r->choice_offsets, (segments + 1) * words);
+    UFORM_BUFFER(r->choice_bytes, segments * choices);
+    UFORM_BUFFER(r->choice_targets, segments * choices * floats);
+    UFORM_BUFFER(r->probabilities, segments * choices * floats);
 #undef UFORM_BUFFER
     return n;
 }
 
-enum { uform_replica_buffers_k = 48 }; /* fixed buffers beside 11 per block */
+enum { uform_replica_buffers_k = 52 }; /* fixed buffers beside 11 per block */
 
 uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
                                   uform_layout_t const* layout, uform_config_t const* config, char const** error) {
@@ -107,7 +111,8 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
         return uform_fail(error, uform_status_out_of_memory_k, "no host memory for a replica of depth %u",
                           layout->depth);
     }
-    size_t count = uform_replica_buffers(replica, layout, &plan, backend->statistics_floats(&plan), replica->buffers);
+    size_t count = uform_replica_buffers(replica, layout, &plan, batch->max_choices_per_item,
+                                         backend->statistics_floats(&plan), replica->buffers);
     size_t total = 0, asked = 0;
     for (size_t i = 0; i != count; ++i) total += replica->buffers[i].bytes;
     for (; replica->buffers_count != count && status == uform_status_success_k; ++replica->buffers_count) {
@@ -136,6 +141,16 @@ void uform_replica_free(uform_replica_t* replica) {
     memset(replica, 0, sizeof(*replica));
 }
 
+uform_terms_t uform_model_terms(uform_config_t const* config, uform_packed_t const* packed) {
+    uform_trainer_init_vram_t const* c = &config->given;
+    uform_terms_t terms = {.masked_ran = c->objective != uform_objective_contrastive_k && packed->masked_count,
+                           .contrastive_ran = c->objective != uform_objective_masked_k && packed->contrastive_rows,
+                           .choices_ran = c->choices.weight > 0 && packed->choices_count,
+                           .text_weight = c->masking.text_weight,
+                           .choices_weight = c->choices.weight};
+    return terms;
+}
+
 /* The packed batch travels to the device once per step; everything after reads the device's copy. */
 uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* packed, int training) {
     uform_backend_t const* b = r->backend;
@@ -144,8 +159,16 @@ uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* pack
     UFORM_TRY(b->upload(x, r->ids, packed->ids, tokens * words));
     UFORM_TRY(b->upload(x, r->positions, packed->positions, tokens * words));
     UFORM_TRY(b->upload(x, r->segments, packed->segments, items * sizeof(uform_segment_t)));
+    size_t choosing = packed->choices_count, offered = choosing ? packed->choice_offsets[choosing] : 0;
+    if (choosing) {
+        UFORM_TRY(b->upload(x, r->choice_offsets, packed->choice_offsets, (choosing + 1) * words));
+        UFORM_TRY(b->upload(x, r->choice_bytes, packed->choice_bytes, offered));
+        if (training) UFORM_TRY(b->upload(x, r->choice_targets, packed->choice_targets, offered * sizeof(float)));
+    }
+    /* The positions the decoder reads: the masked ones (training only), then the choice positions. */
+    size_t masked = training ? packed->masked_count : 0;
+    UFORM_TRY(b->upload(x, r->masked, packed->masked, (masked + choosing) * words));
     if (!training) return uform_status_success_k;
-    UFORM_TRY(b->upload(x, r->masked, packed->masked, packed->masked_count * words));
     UFORM_TRY(b->upload(x, r->targets, packed->targets, packed->masked_count * words));
     UFORM_TRY(b->upload(x, r->order, packed->order, tokens * words));
     UFORM_TRY(b->upload(x, r->order_offsets, packed->order_offsets, (uform_vocabulary_k + 1) * words));
@@ -208,20 +231,31 @@ static uform_status_t uform_model_losses(uform_replica_t* r, uform_layout_t cons
     uform_trainer_init_vram_t const* c = &config->given;
     uform_element_t act = b->activations;
     uform_items_t items = uform_model_items(r, packed);
-    size_t tokens = packed->tokens_count, h = layout->hidden, masked = packed->masked_count;
+    size_t tokens = packed->tokens_count, h = layout->hidden;
+    size_t masked = c->objective != uform_objective_contrastive_k ? packed->masked_count : 0;
     UFORM_TRY(b->zero(x, r->d_final, tokens * h * uform_element_bytes(act)));
 
-    if (c->objective != uform_objective_contrastive_k && masked) {
+    /* One decoder pass reads the masked positions, then the choice positions; each term scores its rows. */
+    uform_terms_t terms = uform_model_terms(config, packed);
+    size_t choosing = terms.choices_ran ? packed->choices_count : 0, decoded = masked + choosing;
+    if (decoded) {
         void const* decoder = uform_compute(r, layout, layout->decoder);
-        UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->masked, masked, h));
-        UFORM_TRY(b->matmul(x, r->logits, NULL, r->masked_states, decoder, masked, uform_bytes_k, h, 0, 1, act));
-        UFORM_TRY(b->cross_entropy(x, r->scalars + uform_scalar_masked_loss_k, r->d_logits, r->logits, r->targets, masked,
-                                   uform_bytes_k, c->masking.text_weight));
+        UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->masked, decoded, h));
+        UFORM_TRY(b->matmul(x, r->logits, NULL, r->masked_states, decoder, decoded, uform_bytes_k, h, 0, 1, act));
+        if (masked)
+            UFORM_TRY(b->cross_entropy(x, r->scalars + uform_scalar_masked_loss_k, r->d_logits, r->logits, r->targets,
+                                       masked, uform_bytes_k, c->masking.text_weight));
+        if (choosing) {
+            size_t skip = masked * uform_bytes_k * uform_element_bytes(act);
+            UFORM_TRY(b->choices(x, r->scalars + uform_scalar_choices_loss_k, (char*)r->d_logits + skip, NULL,
+                                 (char const*)r->logits + skip, r->choice_offsets, r->choice_bytes, r->choice_targets,
+                                 choosing, terms.choices_weight));
+        }
         float* d_decoder = g + t[layout->decoder].offset;
-        UFORM_TRY(b->matmul(x, d_decoder, d_decoder, r->d_logits, r->masked_states, uform_bytes_k, h, masked, 1, 0,
+        UFORM_TRY(b->matmul(x, d_decoder, d_decoder, r->d_logits, r->masked_states, uform_bytes_k, h, decoded, 1, 0,
                             uform_element_f32_k));
-        UFORM_TRY(b->matmul(x, r->d_hidden, NULL, r->d_logits, decoder, masked, h, uform_bytes_k, 0, 0, act));
-        UFORM_TRY(b->scatter_rows(x, r->d_final, r->d_hidden, r->masked, masked, h));
+        UFORM_TRY(b->matmul(x, r->d_hidden, NULL, r->d_logits, decoder, decoded, h, uform_bytes_k, 0, 0, act));
+        UFORM_TRY(b->scatter_rows(x, r->d_final, r->d_hidden, r->masked, decoded, h));
     }
     UFORM_TRY(b->pool_forward(x, r->pooled, r->final, &items, h));
     if (c->objective != uform_objective_masked_k && packed->contrastive_rows) {

@@ -146,8 +146,8 @@ static void uform_trainer_leave(uform_trainer_s* trainer) {
 }
 
 /* Reads the step's scalars and scored temperatures once, after the backend has synchronized. */
-static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, int masked_ran,
-                                       int contrastive_ran, double* scalars) {
+static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_terms_t terms,
+                                       double* scalars) {
     uform_layout_t const* layout = &trainer->layout;
     uform_replica_t const* replica = &trainer->replica;
     uform_backend_t const* backend = replica->backend;
@@ -158,18 +158,18 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
         status = backend->download(replica->context, scored, replica->scored, 2 * groups * sizeof(float));
     if (status != uform_status_success_k) return status;
     memset(stats, 0, sizeof(*stats));
-    double masked = scalars[uform_scalar_masked_loss_k], contrastive = scalars[uform_scalar_contrastive_loss_k];
-    double total = uform_total_loss(scalars, masked_ran, contrastive_ran, trainer->config.given.masking.text_weight);
-    stats->loss = masked_ran || contrastive_ran ? (float)total : NAN;
-    stats->masked_loss = masked_ran ? (float)masked : NAN;
-    stats->contrastive_loss = contrastive_ran ? (float)contrastive : NAN;
-    stats->late_interaction_loss = stats->choices_loss = NAN;
+    stats->loss = uform_terms_ran(terms) ? (float)uform_total_loss(scalars, terms) : NAN;
+    stats->masked_loss = terms.masked_ran ? (float)scalars[uform_scalar_masked_loss_k] : NAN;
+    stats->contrastive_loss = terms.contrastive_ran ? (float)scalars[uform_scalar_contrastive_loss_k] : NAN;
+    stats->choices_loss = terms.choices_ran ? (float)scalars[uform_scalar_choices_loss_k] : NAN;
+    stats->late_interaction_loss = NAN;
     stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     stats->items = trainer->packed.segments_count;
     stats->tokens = trainer->packed.tokens_count;
     stats->truncated_items = trainer->packed.truncated;
-    stats->masked_positions = masked_ran ? trainer->packed.masked_count : 0;
-    stats->contrastive_rows = contrastive_ran ? trainer->packed.contrastive_rows : 0;
+    stats->masked_positions = terms.masked_ran ? trainer->packed.masked_count : 0;
+    stats->contrastive_rows = terms.contrastive_ran ? trainer->packed.contrastive_rows : 0;
+    stats->choice_items = terms.choices_ran ? trainer->packed.choices_count : 0;
     stats->temperature_groups = groups;
     for (uint32_t g = 0; g != groups; ++g)
         stats->inverse_temperatures[g] = expf(scored[g]), stats->biases[g] = scored[groups + g];
@@ -269,15 +269,13 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     uform_layout_t const* layout = &trainer->layout;
     uform_backend_t const* backend = replica->backend;
     uform_config_t const* config = &trainer->config;
-    uform_objective_t objective = config->given.objective;
-    int masked_ran = objective != uform_objective_contrastive_k && trainer->packed.masked_count;
-    int contrastive_ran = objective != uform_objective_masked_k && trainer->packed.contrastive_rows;
+    uform_terms_t terms = uform_model_terms(config, &trainer->packed);
     float rate = uform_schedule_rate(&config->given.schedule, next);
     status = uform_model_upload(replica, &trainer->packed, 1);
     *prepared = uform_seconds();
     if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
     /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. */
-    if (status == uform_status_success_k && update && (masked_ran || contrastive_ran)) {
+    if (status == uform_status_success_k && update && uform_terms_ran(terms)) {
         uform_update_t adamw = {.weights = replica->weights,
                                 .compute = backend->convert ? replica->compute : NULL,
                                 .gradients = replica->gradients,
@@ -290,19 +288,17 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
                                 .epsilon = config->epsilon,
                                 .weight_decay = config->weight_decay,
                                 .clip_norm = config->clip_norm,
-                                .text_weight = config->given.masking.text_weight,
-                                .masked_ran = masked_ran,
-                                .contrastive_ran = contrastive_ran,
+                                .terms = terms,
                                 .step = next};
         status = backend->adamw(replica->context, &adamw);
     }
     if (status == uform_status_success_k) status = backend->synchronize(replica->context);
     double scalars[uform_scalars_k];
     if (status == uform_status_success_k)
-        status = uform_stats_fill(trainer, &step->stats, masked_ran, contrastive_ran, scalars);
+        status = uform_stats_fill(trainer, &step->stats, terms, scalars);
     if (status != uform_status_success_k) return uform_trainer_failed(status, error);
     if (step->embeddings) {
-        int contrastive = contrastive_ran;
+        int contrastive = terms.contrastive_ran;
         status = uform_embeddings_export(replica, contrastive ? replica->normalized : replica->pooled,
                                          trainer->packed.segments_count, layout->hidden, !contrastive,
                                          step->embeddings, step->embeddings_scalar, error);
@@ -312,8 +308,7 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     step->stats.step = trainer->step;
     if (!update) return uform_status_success_k;
     /* The backend judged the same scalars with the same rule, so the update it skipped is the one reported. */
-    if (!(masked_ran || contrastive_ran) ||
-        uform_update_poisoned(scalars, masked_ran, contrastive_ran, config->given.masking.text_weight)) {
+    if (!uform_terms_ran(terms) || uform_update_poisoned(scalars, terms)) {
         step->stats.skipped = 1;
         return uform_status_success_k;
     }
@@ -327,7 +322,7 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
     double start = uform_seconds(), prepared = start;
     uform_status_t status = uform_trainer_work(trainer, step, update, &prepared, error);
-    step->stats.host_seconds = prepared - start;
+    if (status == uform_status_success_k) step->stats.host_seconds = prepared - start; /* a refused step writes nothing */
     return status;
 }
 

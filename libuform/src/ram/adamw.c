@@ -31,7 +31,7 @@ static void uform_ram_adamw_tensor(void* context, float* weights, float const* g
  *  a round of blocks at a time so the partial sums live on the stack.
  */
 uform_status_t uform_ram_adamw(void* context, uform_update_t const* u) {
-    if (uform_update_poisoned(u->scalars, u->masked_ran, u->contrastive_ran, u->text_weight))
+    if (uform_update_poisoned(u->scalars, u->terms))
         return uform_status_success_k;
     double norm = sqrt(u->scalars[uform_scalar_norm_squared_k]);
     float scale = norm > u->clip_norm ? (float)(u->clip_norm / norm) : 1.0f;

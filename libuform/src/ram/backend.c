@@ -119,6 +119,7 @@ uform_backend_t const uform_ram_backend = {
     .gather_rows = uform_ram_gather_rows,
     .scatter_rows = uform_ram_scatter_rows,
     .cross_entropy = uform_ram_cross_entropy,
+    .choices = uform_ram_choices,
     .pool_forward = uform_ram_pool_forward,
     .pool_backward = uform_ram_pool_backward,
     .contrastive = uform_ram_contrastive,

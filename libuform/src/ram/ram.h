@@ -108,6 +108,9 @@ uform_status_t uform_ram_pool_backward(void* context, void* d_states, float cons
                                        uform_items_t const* items, size_t hidden);
 uform_status_t uform_ram_cross_entropy(void* context, double* loss, void* d_logits, void const* logits,
                                        uint32_t const* targets, size_t count, size_t classes, float scale);
+uform_status_t uform_ram_choices(void* context, double* loss, void* d_logits, float* probabilities, void const* logits,
+                                 uint32_t const* offsets, uint8_t const* choices, float const* targets, size_t count,
+                                 float scale);
 uform_status_t uform_ram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
                                      float* d_bias, float* normalized, float const* pooled,
                                      float const* log_inverse_temperature, float const* bias, uint8_t const* cells,

@@ -39,9 +39,9 @@ struct uform_vram_adamw_piece_t {
 
 /** The step's settings as a kernel reads them. */
 struct uform_vram_adamw_settings_t {
-    float learning_rate, beta1, beta2, epsilon, weight_decay, clip_norm, text_weight;
+    float learning_rate, beta1, beta2, epsilon, weight_decay, clip_norm;
     float first_correction, second_correction;
-    int masked_ran, contrastive_ran;
+    uform_terms_t terms;
 };
 
 /* -------------------------------------------------------------------------------------------- */
@@ -177,7 +177,7 @@ __global__ void uform_vram_adamw_kernel(float* __restrict__ weights, uform_bf16_
     __shared__ float shared_scale;
     __shared__ int shared_skip;
     if (threadIdx.x == 0) {
-        int skip = uform_update_poisoned(scalars, settings.masked_ran, settings.contrastive_ran, settings.text_weight);
+        int skip = uform_update_poisoned(scalars, settings.terms);
         double norm = sqrt(scalars[uform_scalar_norm_squared_k]);
         shared_skip = skip;
         shared_scale = norm > settings.clip_norm ? (float)(settings.clip_norm / norm) : 1.0f;
@@ -323,10 +323,9 @@ uform_status_t uform_vram_adamw(void* context, uform_update_t const* update) {
     uform_vram_adamw_settings_t settings;
     settings.learning_rate = update->learning_rate, settings.beta1 = update->beta1, settings.beta2 = update->beta2;
     settings.epsilon = update->epsilon, settings.weight_decay = update->weight_decay;
-    settings.clip_norm = update->clip_norm, settings.text_weight = update->text_weight;
+    settings.clip_norm = update->clip_norm, settings.terms = update->terms;
     settings.first_correction = (float)(1.0 / (1.0 - pow((double)update->beta1, (double)update->step)));
     settings.second_correction = (float)(1.0 / (1.0 - pow((double)update->beta2, (double)update->step)));
-    settings.masked_ran = update->masked_ran, settings.contrastive_ran = update->contrastive_ran;
     int aligned = (uintptr_t)update->weights % 16 == 0 && (uintptr_t)update->gradients % 16 == 0 &&
                   (uintptr_t)update->first % 16 == 0 && (uintptr_t)update->second % 16 == 0 &&
                   (uintptr_t)update->compute % 8 == 0;

@@ -200,6 +200,7 @@ uform_backend_t const uform_vram_backend = {
     uform_vram_gather_rows,
     uform_vram_scatter_rows,
     uform_vram_cross_entropy,
+    uform_vram_choices,
     uform_vram_pool_forward,
     uform_vram_pool_backward,
     uform_vram_contrastive,

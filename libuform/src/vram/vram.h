@@ -145,6 +145,9 @@ uform_status_t uform_vram_pool_backward(void* context, void* d_states, float con
                                         uform_items_t const* items, size_t hidden);
 uform_status_t uform_vram_cross_entropy(void* context, double* loss, void* d_logits, void const* logits,
                                         uint32_t const* targets, size_t count, size_t classes, float scale);
+uform_status_t uform_vram_choices(void* context, double* loss, void* d_logits, float* probabilities,
+                                  void const* logits, uint32_t const* offsets, uint8_t const* choices,
+                                  float const* targets, size_t count, float scale);
 uform_status_t uform_vram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
                                       float* d_bias, float* normalized, float const* pooled,
                                       float const* log_inverse_temperature, float const* bias, uint8_t const* cells,
