@@ -171,6 +171,28 @@ def pair_losses(scores, labels, weights, form):
     return np.array(rows), np.array(counted, dtype=bool)
 
 
+def maxsim(query, document):
+    """S(q, d): the sum over the query's rows of their largest dot product with a document row."""
+    return float((query @ document.T).max(axis=1).sum())
+
+
+def late_interaction_loss(vectors, spans, rows, log_t, bias, form="ranked"):
+    """The late-interaction term: `rows` [(query span, [(document span, cell, weight)])], cell 1
+    attract and 2 repel, over token vectors taken as they are (unit or not)."""
+    losses = []
+    for query, named in rows:
+        if not named:
+            continue
+        q = vectors[spans[query][0]:spans[query][0] + spans[query][1]]
+        scores = np.array([maxsim(q, vectors[spans[d][0]:spans[d][0] + spans[d][1]]) for d, _, _ in named])
+        labels = np.array([1.0 if cell == 1 else -1.0 for _, cell, _ in named])
+        weights = np.array([w for _, _, w in named], dtype=np.float64)
+        row, counted = pair_losses((np.exp(log_t) * scores + bias)[None, :], labels[None, :], weights[None, :], form)
+        if counted[0]:
+            losses.append(row[0])
+    return float(np.mean(losses)) if losses else float("nan")
+
+
 def contrastive_loss(pooled, groups, log_t, bias, labels, weights, form="sigmoid", dimensions=None):
     """The contrastive term over raw mean-pooled embeddings (items, hidden)."""
     dimensions = dimensions or [pooled.shape[1]]

@@ -11,6 +11,8 @@ contract promises it, for every thread count.
 import numpy as np
 import pytest
 
+from reference import late_interaction_loss
+
 testing = pytest.importorskip("uform._testing")
 
 RTOL, ATOL = 2e-3, 2e-4
@@ -429,6 +431,58 @@ def test_choices(rng):
 def test_choices_without_rows_is_nan():
     loss, _, _ = testing.choices(np.zeros((0, 256), np.float32), [], [])
     assert np.isnan(loss)
+
+
+def test_normalize_rows(rng):
+    x = f32(rng, 6, 24, scale=2.0)
+    x[3] = 0  # a zero row stays zero and passes no gradient
+    out = testing.normalize_rows(x)
+    expected = x / np.maximum(np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True), 1e-300)
+    assert_close(out, expected)
+    assert not out[3].any()
+    d_out = f32(rng, 6, 24)
+    d_x = testing.normalize_rows_backward(d_out, out, x)
+    numeric = numeric_gradient(lambda v: v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-300), x, d_out)
+    numeric[3] = 0
+    assert_close(d_x, numeric)
+
+
+def late_interaction_case(rng, width=16):
+    """Seven scored items: queries 0 and 1, documents 2-5, item 6 both; rows of every kind."""
+    lengths = [4, 3, 5, 2, 6, 1, 3]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    spans = [(int(a), int(b)) for a, b in zip(starts, lengths)]
+    vectors = f32(rng, sum(lengths), width)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    rows = [(0, [(2, 1, 1.0), (3, 2, 1.0), (4, 2, 0.5)]),  # one attract, two repels
+            (1, [(4, 1, 2.0), (5, 1, 1.0), (6, 2, 1.5)]),
+            (6, [(2, 2, 1.0)]),  # a repel alone: counts under sigmoid and balanced, not ranked
+            (0, [(5, 1, 0.0), (3, 2, 1.0)])]  # an attract weighing nothing
+    return vectors, spans, rows
+
+
+@pytest.mark.parametrize("form", ["sigmoid", "balanced", "ranked"])
+def test_late_interaction(rng, form):
+    vectors, spans, rows = late_interaction_case(rng)
+    log_t, bias, scale = 0.3, -0.7, 0.8
+    loss, d_vectors, d_log_t, d_bias = testing.late_interaction(vectors, spans, rows, log_t, bias, form, scale)
+
+    def reference(v, t=log_t, b=bias):
+        return late_interaction_loss(np.asarray(v, np.float64), spans, rows, t, b, form)
+
+    assert loss == pytest.approx(reference(vectors), rel=1e-6)
+    assert_close(d_vectors, numeric_gradient(lambda v: scale * reference(v), vectors, 1.0))
+    epsilon = 1e-6
+    assert d_log_t == pytest.approx(scale * (reference(vectors, log_t + epsilon) - reference(vectors, log_t - epsilon))
+                                    / (2 * epsilon), rel=1e-4, abs=1e-6)
+    assert d_bias == pytest.approx(scale * (reference(vectors, b=bias + epsilon) - reference(vectors, b=bias - epsilon))
+                                   / (2 * epsilon), rel=1e-4, abs=1e-6)
+
+
+def test_late_interaction_without_counted_rows_is_nan(rng):
+    vectors, spans, _ = late_interaction_case(rng)
+    loss, d_vectors, d_log_t, d_bias = testing.late_interaction(vectors, spans, [(0, [(2, 1, 1.0)])], form="ranked")
+    assert np.isnan(loss) and not d_vectors.any() and d_log_t == 0 and d_bias == 0
 
 
 IGNORED, ATTRACT, REPEL = 0, 1, 2

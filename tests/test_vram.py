@@ -124,6 +124,35 @@ def test_choices(rng):
     assert np.array_equal(testing.choices(logits, offered, targets, 0.7, backend="vram")[1], gpu_d_logits)
 
 
+def test_normalize_rows(rng):
+    x = act(rng, 300, 128, scale=2.0)
+    x[7] = 0  # a zero row stays zero
+    out, gpu_out = both(testing.normalize_rows, x)
+    close(gpu_out, out, F32)
+    d_out = rng.standard_normal((300, 128)).astype(np.float32)
+    d_x, gpu_d_x = both(testing.normalize_rows_backward, d_out, out, x)
+    close(gpu_d_x, d_x, BF16)
+
+
+@pytest.mark.parametrize("form", ["sigmoid", "balanced", "ranked"])
+def test_late_interaction(rng, form):
+    """Twelve queries of 8-32 rows against the documents they name, 20-300 rows each, width 128."""
+    lengths = list(rng.integers(8, 33, 12)) + list(rng.integers(20, 301, 24))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    spans = [(int(a), int(b)) for a, b in zip(starts, lengths)]
+    vectors = rng.standard_normal((sum(lengths), 128)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    rows = [(q, [(int(d), 1 if k == 0 else 2, float(rng.uniform(0.2, 2.0)))
+                 for k, d in enumerate(rng.choice(np.arange(12, 36), 4, replace=False))]) for q in range(12)]
+    (loss, d_vectors, d_t, d_b), (gpu_loss, gpu_d_vectors, gpu_d_t, gpu_d_b) = both(
+        testing.late_interaction, vectors, spans, rows, 0.5, -1.0, form, 0.9)
+    assert gpu_loss == pytest.approx(loss, rel=1e-9)  # double arithmetic on the same float32 inputs
+    close(gpu_d_vectors, d_vectors, F32)
+    assert gpu_d_t == pytest.approx(d_t, rel=1e-5) and gpu_d_b == pytest.approx(d_b, rel=1e-5, abs=1e-7)
+    again = testing.late_interaction(vectors, spans, rows, 0.5, -1.0, form, 0.9, backend="vram")
+    assert np.array_equal(again[1], gpu_d_vectors)
+
+
 @pytest.mark.parametrize("lengths", [[512] * 8, [1, 511, 64, 3, 200], [37]])
 def test_attention(rng, lengths):
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])

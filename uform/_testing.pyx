@@ -58,6 +58,7 @@ cdef extern from "backend.h" nogil:
         size_t hidden
         size_t heads
         int contrastive
+        size_t pairs, query_span
         const uform_layout_t* layout
 
     ctypedef struct uform_items_t:
@@ -70,6 +71,19 @@ cdef extern from "backend.h" nogil:
         uform_pair_loss_form_t form
         size_t dimensions_count
         uint32_t dimensions[UFORM_MAX_MATRYOSHKA_DIMENSIONS]
+
+    ctypedef struct uform_span_t:
+        uint32_t start, length
+
+    ctypedef struct uform_late_interaction_setup_t:
+        const uform_span_t* spans
+        const uint32_t* queries
+        const uint32_t* offsets
+        const uint32_t* documents
+        const uint8_t* cells
+        const float* weights
+        size_t count, pairs
+        uform_pair_loss_form_t form
 
     ctypedef struct uform_terms_t:
         int masked_ran, contrastive_ran, choices_ran
@@ -129,6 +143,10 @@ cdef extern from "backend.h" nogil:
         uform_status_t (*contrastive)(void*, double*, float*, float*, float*, float*, const float*, const float*,
                                       const float*, const uint8_t*, const float*, const uint32_t*, size_t, size_t,
                                       const uform_contrastive_setup_t*, float)
+        uform_status_t (*normalize_rows)(void*, float*, const void*, size_t, size_t)
+        uform_status_t (*normalize_rows_backward)(void*, void*, const float*, const float*, const void*, size_t, size_t)
+        uform_status_t (*late_interaction)(void*, double*, float*, float*, float*, const float*, size_t, size_t,
+                                           const float*, const float*, const uform_late_interaction_setup_t*, float)
         uform_status_t (*sum_squares)(void*, double*, const float*, size_t)
         uform_status_t (*adamw)(void*, const uform_update_t*)
 
@@ -186,7 +204,8 @@ cdef class Session:
     cdef readonly bint bf16
 
     def __cinit__(self, str name, int threads=2, size_t tokens=1, size_t segments=1, size_t columns=1,
-                  size_t hidden=64, bint contrastive=False, size_t parameters=0, bint decays=False):
+                  size_t hidden=64, bint contrastive=False, size_t parameters=0, bint decays=False, size_t pairs=0,
+                  size_t query_span=0):
         self.buffers = []
         self.backend = uform_testing_backend(name.encode())
         if self.backend == NULL:
@@ -198,6 +217,7 @@ cdef class Session:
         memset(&plan, 0, sizeof(plan))
         plan.tokens, plan.segments, plan.columns = max(tokens, 1), max(segments, 1), max(columns, 1)
         plan.hidden, plan.heads, plan.contrastive, plan.layout = hidden, max(hidden // 64, 1), contrastive, &self.layout
+        plan.pairs, plan.query_span = pairs, query_span
         self.check(self.backend.device_open(threads if name == "ram" else 0, &self.device))
         self.check(self.backend.context_create(self.device, &plan, &self.context))
 
@@ -529,6 +549,53 @@ def choices(logits, offered, targets=None, float scale=1.0, int threads=2, backe
     if targets is None:
         return None, None, split
     return s.get_double(<size_t>loss), s.get(<size_t>gradient, logits.shape, ACT), split
+
+
+def normalize_rows(x, int threads=2, backend="ram"):
+    """Each row of x (activations) over its norm, float32."""
+    cdef Session s = Session(backend, threads)
+    cdef float* out = <float*>s.take(max(x.size, 1) * 4)
+    s.check(s.backend.normalize_rows(s.context, out, s.put(x, ACT), x.shape[0], x.shape[1]))
+    return s.get(<size_t>out, x.shape)
+
+
+def normalize_rows_backward(d_out, out, x, int threads=2, backend="ram"):
+    """The adjoint of `normalize_rows` at x (out its result): d_x, activations."""
+    cdef Session s = Session(backend, threads)
+    cdef void* d_in = s.put(np.full(x.shape, np.nan, np.float32), ACT)
+    s.check(s.backend.normalize_rows_backward(s.context, d_in, <float*>s.put(d_out), <float*>s.put(out),
+                                              s.put(x, ACT), x.shape[0], x.shape[1]))
+    return s.get(<size_t>d_in, x.shape, ACT)
+
+
+def late_interaction(vectors, spans, rows, float log_inverse_temperature=0.0, float bias=0.0, form="ranked",
+                     float scale=1.0, int threads=2, backend="ram"):
+    """Returns (loss, d_vectors, d_log_inverse_temperature, d_bias) for float32 unit `vectors`,
+    `spans` [(start, length)] of scored items, and `rows` [(query span, [(document span, cell, weight)])]
+    with cell 1 attract, 2 repel."""
+    cdef Session s = Session(backend, threads, segments=max(len(spans), len(rows)),
+                             pairs=sum(len(named) for _, named in rows),
+                             query_span=max([spans[query][1] for query, _ in rows] or [0]))
+    offsets = np.concatenate([[0], np.cumsum([len(named) for _, named in rows])]).astype(np.uint32)
+    named = [entry for _, entries in rows for entry in entries] or [(0, 0, 0.0)]
+    cdef uform_late_interaction_setup_t setup
+    setup.spans = <uform_span_t*>s.put(np.asarray(spans, np.uint32).reshape(-1, 2))
+    setup.queries = <uint32_t*>s.put(np.asarray([query for query, _ in rows] or [0], np.uint32))
+    setup.offsets = <uint32_t*>s.put(offsets)
+    setup.documents = <uint32_t*>s.put(np.asarray([d for d, _, _ in named], np.uint32))
+    setup.cells = <uint8_t*>s.put(np.asarray([c for _, c, _ in named], np.uint8))
+    setup.weights = <float*>s.put(np.asarray([w for _, _, w in named], np.float32))
+    setup.count, setup.pairs, setup.form = len(rows), int(offsets[-1]), PAIR_LOSS_FORMS[form]
+    cdef double* loss = <double*>s.put(np.full(1, np.nan))
+    cdef float* d_vectors = <float*>s.put(np.full(vectors.shape, np.nan, np.float32))
+    cdef float* d_log_t = <float*>s.put(np.zeros(1, np.float32))
+    cdef float* d_bias = <float*>s.put(np.zeros(1, np.float32))
+    s.check(s.backend.late_interaction(s.context, loss, d_vectors, d_log_t, d_bias, <float*>s.put(vectors),
+                                       vectors.shape[0], vectors.shape[1],
+                                       <float*>s.put(np.full(1, log_inverse_temperature, np.float32)),
+                                       <float*>s.put(np.full(1, bias, np.float32)), &setup, scale))
+    return (s.get_double(<size_t>loss), s.get(<size_t>d_vectors, vectors.shape), s.get(<size_t>d_log_t, (1,))[0],
+            s.get(<size_t>d_bias, (1,))[0])
 
 
 def contrastive(pooled, log_inverse_temperature, bias, cells, weights, groups, dimensions, form, float scale=1.0,

@@ -53,6 +53,7 @@ typedef struct uform_plan_t {
     size_t columns;  /* the longest an item can be */
     size_t hidden, heads;
     int contrastive;              /* whether the contrastive term runs, and needs its scratch */
+    size_t pairs, query_span;     /* late interaction: (query, document) pairs per step, a query's rows at most */
     uform_layout_t const* layout; /* the parameters AdamW walks */
 } uform_plan_t;
 
@@ -240,6 +241,43 @@ typedef uform_status_t (*uform_cross_entropy_t)(void* context, double* loss, voi
 typedef uform_status_t (*uform_choices_op_t)(void* context, double* loss, void* d_logits, float* probabilities,
                                              void const* logits, uint32_t const* offsets, uint8_t const* choices,
                                              float const* targets, size_t count, float scale);
+/** out (rows, width) float32 = each row of `in` (activations) over its norm; a zero row stays zero. */
+typedef uform_status_t (*uform_normalize_rows_t)(void* context, float* out, void const* in, size_t rows, size_t width);
+/** d_in (rows, width; activations, written) = (d_out - out <out, d_out>) / |in| per row, the adjoint of the above. */
+typedef uform_status_t (*uform_normalize_rows_backward_t)(void* context, void* d_in, float const* d_out,
+                                                          float const* out, void const* in, size_t rows, size_t width);
+
+/** A run of rows: an item's token vectors. */
+typedef struct uform_span_t {
+    uint32_t start, length;
+} uform_span_t;
+
+/** The late-interaction term's inputs beside the token vectors: who scores whom, and how. */
+typedef struct uform_late_interaction_setup_t {
+    uform_span_t const* spans;     /* (spans) each scored item's rows of `vectors` */
+    uint32_t const* queries;       /* (count) the span of each query row */
+    uint32_t const* offsets;       /* (count + 1) each query row's run of the arrays below */
+    uint32_t const* documents;     /* the span of each document a query names */
+    uint8_t const* cells;          /* uform_cell_t of each: attract or repel */
+    float const* weights;          /* the weight of each */
+    size_t count;                  /* query rows */
+    size_t pairs;                  /* entries of documents, cells and weights */
+    uform_pair_loss_form_t form;   /* never `derived`: the core resolves it */
+} uform_late_interaction_setup_t;
+
+/**
+ *  The late-interaction term, SPEC section 5, over `vectors` (rows, width) of float32 unit token
+ *  vectors. S(q, d) = the sum over q's rows of the largest <q_t, d_u> over d's rows (the first
+ *  largest when several tie), s = exp(log_inverse_temperature) S + bias, and each query row's
+ *  pair loss over the documents it names (counting rows as `uform_row_counts` says). Writes the
+ *  mean over counted rows into `*loss` (NaN when none counts) and d_vectors (rows, width) =
+ *  scale dL/dvectors, and adds scale dL/d into the temperature's and bias's gradients.
+ */
+typedef uform_status_t (*uform_late_interaction_op_t)(void* context, double* loss, float* d_vectors,
+                                                      float* d_log_inverse_temperature, float* d_bias,
+                                                      float const* vectors, size_t rows, size_t width,
+                                                      float const* log_inverse_temperature, float const* bias,
+                                                      uform_late_interaction_setup_t const* setup, float scale);
 /** pooled (items, hidden), float32, = mean of each item's rows of states (activations). */
 typedef uform_status_t (*uform_pool_forward_t)(void* context, float* pooled, void const* states,
                                                uform_items_t const* items, size_t hidden);
@@ -301,6 +339,9 @@ typedef struct uform_backend_t {
     uform_pool_forward_t pool_forward;
     uform_pool_backward_t pool_backward;
     uform_contrastive_loss_t contrastive;
+    uform_normalize_rows_t normalize_rows;
+    uform_normalize_rows_backward_t normalize_rows_backward;
+    uform_late_interaction_op_t late_interaction;
     uform_sum_squares_t sum_squares;
     uform_adamw_t adamw;
 } uform_backend_t;

@@ -31,9 +31,10 @@ static double uform_ram_inverse_norm(float const* row, size_t width) {
 /**
  *  One anchor row: `cosines` (items) holds <z_i, z_j> for every counted cell; `gradient`
  *  (items) is zeroed on entry and receives dL_i / ds_ij. Returns L_i. `attract` and `repel` are
- *  the row's weight sums, `lists` scratch for 2 items indices.
+ *  the row's weight sums, `lists` scratch for 2 items indices. The late-interaction term scores
+ *  its rows with it too.
  */
-static double uform_ram_contrastive_row(uform_pair_loss_form_t form, double const* cosines, double* gradient,
+double uform_ram_pair_row(uform_pair_loss_form_t form, double const* cosines, double* gradient,
                                         uint8_t const* cells, float const* weights, size_t items, double temperature,
                                         double bias, double attract, double repel, uint32_t* lists) {
     double loss = 0, sigmoid;
@@ -162,7 +163,7 @@ uform_status_t uform_ram_contrastive(void* context, double* loss_out, float* d_p
             }
             size_t group = groups ? groups[i] : 0;
             double temperature = exp((double)log_inverse_temperature[group]);
-            row_losses[i] = uform_ram_contrastive_row(form, cosines, gradient, row_cells, weights + i * items, items,
+            row_losses[i] = uform_ram_pair_row(form, cosines, gradient, row_cells, weights + i * items, items,
                                                       temperature, (double)bias[group], attract_sums[i],
                                                       repel_sums[i], lists + (size_t)omp_get_thread_num() * 2 * items);
             double d_temperature = 0, d_bias_row = 0;

@@ -111,6 +111,16 @@ uform_status_t uform_ram_cross_entropy(void* context, double* loss, void* d_logi
 uform_status_t uform_ram_choices(void* context, double* loss, void* d_logits, float* probabilities, void const* logits,
                                  uint32_t const* offsets, uint8_t const* choices, float const* targets, size_t count,
                                  float scale);
+double uform_ram_pair_row(uform_pair_loss_form_t form, double const* cosines, double* gradient, uint8_t const* cells,
+                          float const* weights, size_t items, double temperature, double bias, double attract,
+                          double repel, uint32_t* lists);
+uform_status_t uform_ram_normalize_rows(void* context, float* out, void const* in, size_t rows, size_t width);
+uform_status_t uform_ram_normalize_rows_backward(void* context, void* d_in, float const* d_out, float const* out,
+                                                 void const* in, size_t rows, size_t width);
+uform_status_t uform_ram_late_interaction(void* context, double* loss, float* d_vectors, float* d_log_inverse_temperature,
+                                          float* d_bias, float const* vectors, size_t rows, size_t width,
+                                          float const* log_inverse_temperature, float const* bias,
+                                          uform_late_interaction_setup_t const* setup, float scale);
 uform_status_t uform_ram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
                                      float* d_bias, float* normalized, float const* pooled,
                                      float const* log_inverse_temperature, float const* bias, uint8_t const* cells,

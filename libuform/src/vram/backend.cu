@@ -73,7 +73,8 @@ uform_status_t uform_vram_context_create(void* device_, uform_plan_t const* plan
     /* Each region starts on a 256-byte boundary, as cuBLASLt and vector loads want. */
     size_t (*sizes[uform_vram_scratch_count_k])(uform_plan_t const*) = {
         uform_vram_blas_scratch,   uform_vram_attention_scratch,   uform_vram_rmsnorm_scratch,
-        uform_vram_reduce_scratch, uform_vram_contrastive_scratch, uform_vram_adamw_scratch};
+        uform_vram_reduce_scratch, uform_vram_contrastive_scratch, uform_vram_adamw_scratch,
+        uform_vram_late_interaction_scratch};
     size_t total = 0;
     for (int region = 0; region != uform_vram_scratch_count_k; ++region)
         context->scratch_bytes[region] = sizes[region](plan), total += (context->scratch_bytes[region] + 255) / 256 * 256;
@@ -204,6 +205,9 @@ uform_backend_t const uform_vram_backend = {
     uform_vram_pool_forward,
     uform_vram_pool_backward,
     uform_vram_contrastive,
+    uform_vram_normalize_rows,
+    uform_vram_normalize_rows_backward,
+    uform_vram_late_interaction,
     uform_vram_sum_squares,
     uform_vram_adamw,
 };

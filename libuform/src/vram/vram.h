@@ -30,6 +30,7 @@ typedef enum uform_vram_scratch_t {
     uform_vram_scratch_reduce_k,          /* partial sums of losses and of the squared norm */
     uform_vram_scratch_contrastive_k,     /* the contrastive term's rows, in double */
     uform_vram_scratch_adamw_k,           /* the layout's tensors, as AdamW walks them */
+    uform_vram_scratch_late_k,            /* late interaction's scores, their gradients and each query row's nearest rows */
     uform_vram_scratch_count_k,
 } uform_vram_scratch_t;
 
@@ -57,6 +58,7 @@ size_t uform_vram_rmsnorm_scratch(uform_plan_t const* plan);
 size_t uform_vram_reduce_scratch(uform_plan_t const* plan);
 size_t uform_vram_contrastive_scratch(uform_plan_t const* plan);
 size_t uform_vram_adamw_scratch(uform_plan_t const* plan);
+size_t uform_vram_late_interaction_scratch(uform_plan_t const* plan);
 
 /* Handles some files keep in the context beside their scratch. */
 uform_status_t uform_vram_matmul_open(uform_vram_context_t* context);
@@ -148,6 +150,14 @@ uform_status_t uform_vram_cross_entropy(void* context, double* loss, void* d_log
 uform_status_t uform_vram_choices(void* context, double* loss, void* d_logits, float* probabilities,
                                   void const* logits, uint32_t const* offsets, uint8_t const* choices,
                                   float const* targets, size_t count, float scale);
+uform_status_t uform_vram_normalize_rows(void* context, float* out, void const* in, size_t rows, size_t width);
+uform_status_t uform_vram_normalize_rows_backward(void* context, void* d_in, float const* d_out, float const* out,
+                                                  void const* in, size_t rows, size_t width);
+uform_status_t uform_vram_late_interaction(void* context, double* loss, float* d_vectors,
+                                           float* d_log_inverse_temperature, float* d_bias, float const* vectors,
+                                           size_t rows, size_t width, float const* log_inverse_temperature,
+                                           float const* bias, uform_late_interaction_setup_t const* setup,
+                                           float scale);
 uform_status_t uform_vram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
                                       float* d_bias, float* normalized, float const* pooled,
                                       float const* log_inverse_temperature, float const* bias, uint8_t const* cells,
