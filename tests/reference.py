@@ -10,6 +10,9 @@ import numpy as np
 
 MASK_ID = 256
 CHOICE_ID = 257  # the position after an item's content whose decoder logits choose
+QUERY_PAD_ID = 258  # pads a query's rows up to max_query_span
+NONE, QUERY, DOCUMENT, BOTH = 0, 1, 2, 3  # late-interaction sides
+LATE_NAMES = ["late_interaction.token_head", "late_interaction.log_inverse_temperature", "late_interaction.bias"]
 M64 = (1 << 64) - 1
 
 
@@ -222,18 +225,32 @@ def choose(logits, offered, targets):
 
 def step_losses(weights, items, *, depth, objective, seed, step, relations=None, groups=None, form="sigmoid",
                 dimensions=None, negatives="ambient", ambient_weight=1.0, masking=None, text_weight=1.0,
-                choices=None, choice_targets=None, choices_weight=1.0):
-    """(total, masked, contrastive, choices) of one step over byte-string items, as uform defines them.
-    An item offering choices (bytes) ends with CHOICE_ID, which pooling counts and masking skips."""
+                choices=None, choice_targets=None, choices_weight=1.0, sides=None, late=None):
+    """(total, masked, contrastive, choices, late interaction) of one step over byte-string items,
+    as uform defines them. An item offering choices (bytes) ends with CHOICE_ID, which pooling counts
+    and masking skips. `late` (weight, max_query_span, form) scores the items' `sides`: a query is cut
+    to the span and padded up to it with QUERY_PAD_ID, and its rows and a document's (the choice
+    position aside) go through the token head to unit length."""
     masking = masking or {}
-    states, pooled, decoded, targets, chose = [], [], [], [], []
+    states, pooled, decoded, targets, chose, scored = [], [], [], [], [], []
     for i, data in enumerate(items):
+        side = sides[i] if sides else NONE
+        if side in (QUERY, BOTH):
+            data = data[:late["max_query_span"]]
         if objective == "contrastive":
             ids, chosen = list(data), []
         else:
             ids, chosen = mask_item(data, seed, step, i, **masking)
+        ids = list(ids)
+        if side in (QUERY, BOTH):
+            ids += [QUERY_PAD_ID] * (late["max_query_span"] - len(ids))
         offered = choices[i] if choices else b""
-        final = encode(weights, list(ids) + [CHOICE_ID] * (len(offered) > 0), depth)
+        final = encode(weights, ids + [CHOICE_ID] * (len(offered) > 0), depth)
+        if side != NONE:
+            vectors = final[:len(ids)] @ weights["late_interaction.token_head"].T
+            scored.append(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+        else:
+            scored.append(None)
         states.append(final)
         pooled.append(final.mean(0))
         for p in chosen:
@@ -251,6 +268,32 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
         contrastive = contrastive_loss(np.array(pooled), groups, weights["contrastive.log_inverse_temperature"],
                                        weights["contrastive.bias"], labels, cell_weights, form, dimensions)
     chose = float(np.mean(chose)) if chose else float("nan")
+    late_loss = float("nan")
+    if late:
+        spans, vectors, rows, at = {}, [], [], 0
+        for i, rows_of in enumerate(scored):
+            if rows_of is not None:
+                spans[i] = (at, len(rows_of))
+                vectors.append(rows_of)
+                at += len(rows_of)
+        for i in range(len(items)):
+            if sides[i] not in (QUERY, BOTH):
+                continue
+            named = []
+            for cell, kind in ((1, "attract"), (2, "repel")):
+                edges = (relations or {}).get(kind)
+                if not edges:
+                    continue
+                weights_of = edges.get("weights")
+                for k in range(edges["offsets"][i], edges["offsets"][i + 1]):
+                    if sides[edges["ids"][k]] in (DOCUMENT, BOTH):
+                        named.append((edges["ids"][k], cell, 1.0 if weights_of is None else weights_of[k]))
+            if named:
+                rows.append((i, named))
+        table = [spans.get(i, (0, 0)) for i in range(len(items))]
+        late_loss = late_interaction_loss(np.concatenate(vectors), table, rows,
+                                          float(weights["late_interaction.log_inverse_temperature"][0]),
+                                          float(weights["late_interaction.bias"][0]), late["form"])
     parts = []
     if not math.isnan(masked):
         parts.append(text_weight * masked)
@@ -258,21 +301,24 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
         parts.append(contrastive)
     if not math.isnan(chose):
         parts.append(choices_weight * chose)
-    return (sum(parts) if parts else float("nan")), masked, contrastive, chose
+    if not math.isnan(late_loss):
+        parts.append(late["weight"] * late_loss)
+    return (sum(parts) if parts else float("nan")), masked, contrastive, chose, late_loss
 
 
-def tensor_names(depth):
-    """Every weight's name in checkpoint order (docs/model.md)."""
+def tensor_names(depth, late=False):
+    """Every weight's name in checkpoint order (docs/model.md); `late`: with the token head."""
     names = ["text.embedding"]
     for l in range(depth):
         names += [f"blocks.{l}.{part}" for part in ("attention_norm", "qkv", "out", "mlp_norm", "up", "down")]
-    return names + ["final_norm", "text.decoder", "contrastive.log_inverse_temperature", "contrastive.bias"]
+    names += ["final_norm", "text.decoder", "contrastive.log_inverse_temperature", "contrastive.bias"]
+    return names + (LATE_NAMES if late else [])
 
 
 def unflatten(flat, checkpoint, depth):
     """Splits the trainer's flat buffer (16-float aligned tensors, checkpoint order) into named float64 arrays."""
     tensors, offset = {}, 0
-    for name in tensor_names(depth):
+    for name in tensor_names(depth, LATE_NAMES[0] in checkpoint):
         shape = checkpoint[name].shape
         size = int(np.prod(shape))
         tensors[name] = flat[offset:offset + size].reshape(shape).astype(np.float64)

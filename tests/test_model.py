@@ -62,7 +62,19 @@ CASES = [
     ("joint", uform.PairLossForm.RANKED, None, dict(choices_weight=0.7)),
     ("contrastive", uform.PairLossForm.SIGMOID, None, dict(choices_weight=1.5)),
     ("masked", uform.PairLossForm.SIGMOID, None, dict(choices_weight=1.0, masking=MASKING)),
+    ("joint", uform.PairLossForm.SIGMOID, None, dict(late=dict(weight=0.6, form="ranked"))),
+    ("contrastive", uform.PairLossForm.BALANCED, None, dict(late=dict(weight=1.3, form="sigmoid"), choices_weight=0.5)),
+    ("masked", uform.PairLossForm.SIGMOID, None, dict(late=dict(weight=1.0, form="balanced"), masking=MASKING)),
 ]
+# Late interaction: items 0 and 4 are queries, 2 is both, 1 and 3 documents, 5 neither; item 0's
+# content is longer than the span of 8 and is cut, the others are padded.
+SIDES = [uform.LateInteractionSide.QUERY, uform.LateInteractionSide.DOCUMENT,
+         uform.LateInteractionSide.QUERY_AND_DOCUMENT, uform.LateInteractionSide.DOCUMENT,
+         uform.LateInteractionSide.QUERY, uform.LateInteractionSide.NONE]
+LATE_RELATIONS = dict(
+    attract=dict(offsets=[0, 1, 2, 3, 4, 4, 4], ids=[1, 0, 3, 2]),
+    repel=dict(offsets=[0, 1, 1, 2, 2, 3, 3], ids=[3, 1, 1], weights=[1.0, 0.5, 2.0]),
+)
 # Items 0, 2 and 5 offer choices; item 5's three bytes include one its target rules out.
 CHOICES = [b"yn", b"", b"abcdefg", b"", b"", b"\x00\xff\x10"]
 CHOICE_TARGETS = [np.array([0.9, 0.1], np.float32), np.zeros(0, np.float32),
@@ -80,6 +92,10 @@ def settings(objective, form, dimensions, options):
                      negatives=options.get("negatives", "ambient"), ambient_weight=options.get("ambient_weight", 1.0),
                      masking=options.get("masking"), text_weight=options.get("text_weight", 1.0))
     made = config(objective, form, dimensions, masking=masking, contrastive=contrastive)
+    if "late" in options:
+        late = options["late"]
+        made["late_interaction"] = dict(weight=late["weight"], width=16, max_query_span=8, pair_loss=late["form"])
+        reference.update(sides=[int(side) for side in SIDES], late=dict(late, max_query_span=8))
     if "choices_weight" in options:
         made["choices"] = dict(weight=options["choices_weight"])
         made["batch"]["max_choices_per_item"] = 8
@@ -88,10 +104,14 @@ def settings(objective, form, dimensions, options):
 
 
 def case_batch(options):
-    """The batch of a case: the items offer CHOICES when the case trains the choices term."""
-    if "choices_weight" not in options:
-        return batch()
-    return dict(batch(), choices=CHOICES, choice_targets=CHOICE_TARGETS)
+    """The batch of a case: the items offer CHOICES when the case trains the choices term, and take
+    SIDES and LATE_RELATIONS when it trains late interaction."""
+    made = batch()
+    if "choices_weight" in options:
+        made.update(choices=CHOICES, choice_targets=CHOICE_TARGETS)
+    if "late" in options:
+        made.update(sides=SIDES, relations=LATE_RELATIONS)
+    return made
 
 
 @pytest.mark.parametrize("objective,form,dimensions,options", CASES)
@@ -106,9 +126,10 @@ def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_pat
         gradients = named_weights(trainer, tmp_path, flat_gradients)
 
     def loss(w):
-        return step_losses(w, ITEMS, depth=DEPTH, seed=5, step=3, relations=RELATIONS, groups=GROUPS, **reference)
+        relations = LATE_RELATIONS if "late" in options else RELATIONS
+        return step_losses(w, ITEMS, depth=DEPTH, seed=5, step=3, relations=relations, groups=GROUPS, **reference)
 
-    total, masked, contrastive, chose = loss(weights)
+    total, masked, contrastive, chose, late = loss(weights)
     assert stats.loss == pytest.approx(total, rel=2e-4)
     if objective != "contrastive":
         assert stats.masked_loss == pytest.approx(masked, rel=2e-4)
@@ -122,10 +143,15 @@ def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_pat
         assert stats.choices_loss == pytest.approx(chose, rel=2e-4) and stats.choice_items == 3
     else:
         assert math.isnan(stats.choices_loss) and stats.choice_items == 0
+    if "late" in options:
+        assert stats.late_interaction_loss == pytest.approx(late, rel=2e-4)
+        assert stats.query_rows == (2 if options["late"]["form"] == "ranked" else 3)
+    else:
+        assert math.isnan(stats.late_interaction_loss) and stats.query_rows == 0
 
     rng = np.random.default_rng(1)
     checked = 0
-    for name in tensor_names(DEPTH):
+    for name in tensor_names(DEPTH, "late" in options):
         direction = rng.standard_normal(weights[name].shape)
         epsilon = 1e-5
         plus, minus = dict(weights), dict(weights)
@@ -323,6 +349,76 @@ def test_bad_choices_are_refused_by_name_and_change_nothing(executor, label, cha
             trainer.step(dict(batch(), **change))
         assert trainer.step(good).stats.loss == clean.step(good).stats.loss
         assert np.array_equal(trainer._weights(), clean._weights())
+
+
+BAD_LATE = [
+    ("query tokens", dict(max_query_tokens_per_device=20),
+     r"batch\.sides: 24 query tokens exceed config\.late_interaction\.max_query_tokens_per_device = 20"),
+    ("documents", dict(max_documents_per_device=2),
+     r"batch\.sides: 3 documents exceed config\.late_interaction\.max_documents_per_device = 2"),
+    ("document tokens", dict(max_document_tokens_per_device=30),
+     r"batch\.sides: \d+ document tokens exceed config\.late_interaction\.max_document_tokens_per_device = 30"),
+]
+
+
+@pytest.mark.parametrize("label,limits,message", BAD_LATE, ids=[case[0] for case in BAD_LATE])
+def test_late_interaction_limits_are_refused_by_name_and_change_nothing(executor, label, limits, message):
+    late = dict(weight=1.0, width=16, max_query_span=8)
+    good = dict(batch(), sides=SIDES, relations=LATE_RELATIONS)
+    with uform.Trainer.init_ram(executor, config(late_interaction=dict(late, **limits))) as trainer, \
+            uform.Trainer.init_ram(executor, config(late_interaction=late)) as clean:
+        with pytest.raises(uform.InvalidArgument, match=message):
+            trainer.step(good)
+        assert trainer.step(dict(good, sides=None)).stats.step == 1  # the refused step changed nothing
+        clean.step(dict(good, sides=None))
+        assert np.array_equal(trainer._weights(), clean._weights())
+
+
+def test_late_interaction_configs_are_refused_by_name(executor):
+    for late, message in [(dict(weight=1.0, width=12), "config.late_interaction.width: 12"),
+                          (dict(weight=1.0, max_query_span=40), "config.late_interaction.max_query_span: 40"),
+                          (dict(weight=1.0, inverse_temperature=-1.0), "config.late_interaction.inverse_temperature"),
+                          (dict(weight=float("nan")), "config.late_interaction.weight")]:
+        with pytest.raises(uform.InvalidArgument, match=message):
+            uform.Trainer.init_ram(executor, config(late_interaction=late))
+
+
+def test_the_token_head_is_checkpointed_and_resumes(executor, tmp_path):
+    made = config(late_interaction=dict(weight=1.0, width=16, max_query_span=8))
+    step = dict(batch(), sides=SIDES, relations=LATE_RELATIONS)
+    path = str(tmp_path / "late.safetensors")
+    with uform.Trainer.init_ram(executor, made) as trainer:
+        trainer.step(step)
+        trainer.save(path)
+        expected = [trainer.step(step).stats.loss for _ in range(2)]
+    tensors = safetensors.numpy.load_file(path)
+    assert tensors["late_interaction.token_head"].shape == (16, 128)
+    assert "late_interaction.log_inverse_temperature" in tensors and "late_interaction.bias" in tensors
+    with uform.Trainer.init_ram(executor, dict(made, resume=path)) as resumed:
+        assert [resumed.step(step).stats.loss for _ in range(2)] == expected
+
+
+def test_the_seeds_reranker_example_steps(executor):
+    """The seed's second example at a CPU's size (depth 2, hidden 128, 8 rows of 64 columns), with a
+    repelled document beside the attracted one so the ranked form has a pair to rank."""
+    reranker = uform.Trainer.init_ram(executor, dict(
+        depth=2, hidden=128, objective=uform.Objective.CONTRASTIVE, schedule=dict(steps=100000),
+        batch=dict(max_rows_per_device=8, max_columns_per_row=64, max_choices_per_item=16),
+        late_interaction=dict(weight=1, pair_loss=uform.PairLossForm.RANKED), choices=dict(weight=1)))
+    with reranker:
+        stats = reranker.step(dict(
+            modalities=[uform.Modality.TEXT] * 3,
+            contents=["red panda diet", "Red pandas eat bamboo.", "Stars shine at night."],
+            sides=[uform.LateInteractionSide.QUERY, uform.LateInteractionSide.DOCUMENT,
+                   uform.LateInteractionSide.DOCUMENT],
+            choices=["yn", "", ""],
+            choice_targets=[np.array([0.9, 0.1], np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)],
+            relations=dict(attract=dict(offsets=[0, 1, 2, 2], ids=[1, 0]), repel=dict(offsets=[0, 1, 1, 1], ids=[2])),
+        )).stats
+    assert stats.step == 1 and stats.query_rows == 1 and stats.choice_items == 1
+    assert all(math.isfinite(v) for v in (stats.contrastive_loss, stats.late_interaction_loss, stats.choices_loss))
+    assert stats.loss == pytest.approx(stats.contrastive_loss + stats.late_interaction_loss + stats.choices_loss,
+                                       rel=1e-5)
 
 
 def test_too_many_edges_is_refused(executor):

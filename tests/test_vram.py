@@ -297,6 +297,41 @@ def test_step_with_choices_matches_the_cpu(rng, cpu, gpu, objective):
         close(gpu_gradients, gradients, MODEL)
 
 
+@pytest.mark.parametrize("form", ["sigmoid", "ranked"])
+def test_step_with_late_interaction_matches_the_cpu(rng, cpu, gpu, form):
+    config = dict(CONFIG, late_interaction=dict(weight=0.7, width=64, max_query_span=24, pair_loss=form))
+    step = batch(rng)
+    sides = [uform.LateInteractionSide.QUERY if i % 2 == 0 else uform.LateInteractionSide.DOCUMENT for i in range(12)]
+    sides[4] = uform.LateInteractionSide.QUERY_AND_DOCUMENT
+    repel = [[j for j in range(1, 12, 2) if j != (i ^ 1)][:3] if i % 2 == 0 else [] for i in range(12)]
+    step.update(sides=sides, relations=dict(step["relations"], repel=uform.Edges(
+        offsets=np.concatenate([[0], np.cumsum([len(r) for r in repel])]).tolist(), ids=sum(repel, []))))
+    with uform.Trainer.init_ram(cpu, config) as reference, uform.Trainer.init_vram(gpu, config) as trainer:
+        (stats, gradients), (gpu_stats, gpu_gradients) = reference._probe(step), trainer._probe(step)
+        assert gpu_stats.late_interaction_loss == pytest.approx(stats.late_interaction_loss, rel=MODEL)
+        assert gpu_stats.query_rows == stats.query_rows > 0
+        close(gpu_gradients, gradients, MODEL)
+
+
+def test_the_seeds_reranker_steps_on_the_gpu(gpu):
+    """The seed's second example, verbatim."""
+    reranker = uform.Trainer.init_vram(gpu, dict(
+        depth=12, hidden=512, objective=uform.Objective.CONTRASTIVE, schedule=dict(steps=100000),
+        batch=dict(max_rows_per_device=64, max_choices_per_item=16),
+        late_interaction=dict(weight=1, pair_loss=uform.PairLossForm.RANKED), choices=dict(weight=1)))
+    with reranker:
+        stats = reranker.step(dict(
+            modalities=[uform.Modality.TEXT, uform.Modality.TEXT],
+            contents=["red panda diet", "Red pandas eat bamboo."],
+            sides=[uform.LateInteractionSide.QUERY, uform.LateInteractionSide.DOCUMENT],
+            choices=["yn", ""],
+            choice_targets=[np.array([0.9, 0.1], np.float32), np.zeros(0, np.float32)],
+            relations=dict(attract=dict(offsets=[0, 1, 2], ids=[1, 0])),
+        )).stats
+    assert stats.step == 1 and stats.choice_items == 1 and np.isfinite(stats.choices_loss)
+    assert stats.query_rows == 0  # ranked needs a repelled document beside the attracted one
+
+
 def test_runs_repeat_bit_for_bit(rng, gpu):
     steps = [batch(rng) for _ in range(3)]
 

@@ -354,6 +354,7 @@ cdef dict _stats(const uform_trainer_stats_t* stats):
         "masked_positions": stats.masked_positions,
         "contrastive_rows": stats.contrastive_rows,
         "choice_items": stats.choice_items,
+        "query_rows": stats.query_rows,
         "host_seconds": stats.host_seconds,
         "skipped": stats.skipped != 0,
         "inverse_temperatures": [stats.inverse_temperatures[i] for i in range(groups)],

@@ -86,8 +86,8 @@ cdef extern from "backend.h" nogil:
         uform_pair_loss_form_t form
 
     ctypedef struct uform_terms_t:
-        int masked_ran, contrastive_ran, choices_ran
-        float text_weight, choices_weight
+        int masked_ran, contrastive_ran, choices_ran, late_ran
+        float text_weight, choices_weight, late_weight
 
     ctypedef struct uform_update_t:
         float* weights
@@ -538,13 +538,14 @@ def choices(logits, offered, targets=None, float scale=1.0, int threads=2, backe
     cdef Session s = Session(backend, threads)
     cdef double* loss = <double*>s.put(np.full(1, np.nan))
     cdef void* gradient = s.put(np.full(logits.shape, np.nan, np.float32), ACT)
-    cdef float* probabilities = <float*>s.put(np.full(max(int(offsets[-1]), 1), np.nan, np.float32))
+    total = int(offsets.sum() and offsets.max())  # the last offset: the bytes offered in all
+    cdef float* probabilities = <float*>s.put(np.full(max(total, 1), np.nan, np.float32))
     cdef float* aimed = NULL
     if targets is not None:
         aimed = <float*>s.put(np.concatenate([np.asarray(t, np.float32) for t in targets] + [np.zeros(1, np.float32)]))
     s.check(s.backend.choices(s.context, loss, gradient, probabilities, s.put(logits, ACT), <uint32_t*>s.put(offsets),
                               <uint8_t*>s.put(data), aimed, count, scale))
-    flat = s.get(<size_t>probabilities, (max(int(offsets[-1]), 1),))
+    flat = s.get(<size_t>probabilities, (max(total, 1),))
     split = [flat[offsets[i]:offsets[i + 1]] for i in range(count)]
     if targets is None:
         return None, None, split
@@ -585,7 +586,7 @@ def late_interaction(vectors, spans, rows, float log_inverse_temperature=0.0, fl
     setup.documents = <uint32_t*>s.put(np.asarray([d for d, _, _ in named], np.uint32))
     setup.cells = <uint8_t*>s.put(np.asarray([c for _, c, _ in named], np.uint8))
     setup.weights = <float*>s.put(np.asarray([w for _, _, w in named], np.float32))
-    setup.count, setup.pairs, setup.form = len(rows), int(offsets[-1]), PAIR_LOSS_FORMS[form]
+    setup.count, setup.pairs, setup.form = len(rows), int(offsets.max()), PAIR_LOSS_FORMS[form]
     cdef double* loss = <double*>s.put(np.full(1, np.nan))
     cdef float* d_vectors = <float*>s.put(np.full(vectors.shape, np.nan, np.float32))
     cdef float* d_log_t = <float*>s.put(np.zeros(1, np.float32))

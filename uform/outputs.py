@@ -41,7 +41,8 @@ class Stats:
     total), `masked_loss`, `contrastive_loss`, `late_interaction_loss`, `choices_loss`, `grad_norm`
     (before clipping), `items`, `tokens`, `truncated_items`, `masked_positions` (the positions the
     masked term scored), `contrastive_rows` (the anchor rows the contrastive term counted),
-    `choice_items` (the items whose choices the choices term scored),
+    `choice_items` (the items whose choices the choices term scored), `query_rows` (the query rows
+    the late-interaction term counted),
     `host_seconds` (from the call until the step's inputs were validated, packed and queued for
     upload: the time a GPU waits for the host),
     `skipped` (no term scored anything, or a loss or the gradient was not finite: the weights, the

@@ -177,6 +177,7 @@ cdef extern from "uform.h" nogil:
         uint64_t masked_positions
         uint64_t contrastive_rows
         uint64_t choice_items
+        uint64_t query_rows
         double host_seconds
         uint32_t skipped
         uint32_t temperature_groups

@@ -234,20 +234,23 @@ typedef struct uform_contrastive_t {
     uform_pair_loss_form_t pair_loss; /**< 0 derives sigmoid. */
 } uform_contrastive_t;
 
-/** @brief How the late-interaction loss scores token vectors. A later build trains it. */
+/**
+ *  @brief How the late-interaction loss scores token vectors: each query-side item's rows against
+ *  the document-side items its attract and repel runs name, by MaxSim.
+ */
 typedef struct uform_late_interaction_t {
     float weight;   /**< The loss weight; 0 trains no token head. */
     uint32_t width; /**< Token vectors' width, a multiple of 8; 0 derives 128. */
-    float inverse_temperature;
-    float bias;
-    uint32_t max_query_span;
-    uint32_t max_query_tokens_per_device;
-    uint32_t max_documents_per_device;
-    uint32_t max_document_tokens_per_device;
+    float inverse_temperature; /**< The learned scale's start; 0 derives 1. */
+    float bias;                /**< The learned bias's start. */
+    uint32_t max_query_span;   /**< A query's rows: cut to it, padded up to it; 0 derives 32. */
+    uint32_t max_query_tokens_per_device;    /**< 0 derives max_segments_per_device x max_query_span. */
+    uint32_t max_documents_per_device;       /**< 0 derives max_segments_per_device. */
+    uint32_t max_document_tokens_per_device; /**< 0 derives max_rows_per_device x max_columns_per_row. */
     uform_pair_loss_form_t pair_loss; /**< 0 derives ranked. */
 } uform_late_interaction_t;
 
-/** @brief The choices term. A later build trains it. */
+/** @brief The choices term. */
 typedef struct uform_choices_t {
     float weight; /**< Read when positive; needs `batch.max_choices_per_item`. */
 } uform_choices_t;
@@ -318,6 +321,7 @@ typedef struct uform_trainer_stats_t {
     uint64_t masked_positions; /**< Positions the masked term scored; 0 when it scored none. */
     uint64_t contrastive_rows; /**< Anchor rows the contrastive term counted; 0 when it counted none. */
     uint64_t choice_items;     /**< Items whose choices the choices term scored. */
+    uint64_t query_rows;       /**< Query rows the late-interaction term counted. */
     /** Seconds from the call until the step's inputs were validated, packed and queued for upload:
      *  the time a GPU waits for the host, beside the step's wall time. */
     double host_seconds;

@@ -71,7 +71,8 @@ enum {
     uform_scalar_contrastive_loss_k = 1, /* the contrastive term; NaN when no row counted */
     uform_scalar_norm_squared_k = 2,     /* the global gradient's squared norm */
     uform_scalar_choices_loss_k = 3,     /* mean cross-entropy over the items that offer choices, unweighted */
-    uform_scalars_k = 4,
+    uform_scalar_late_interaction_loss_k = 4, /* the late-interaction term; NaN when no query row counted */
+    uform_scalars_k = 5,
 };
 
 /** The contrastive term's settings, as the backend's loss operation reads them. */
@@ -83,8 +84,8 @@ typedef struct uform_contrastive_setup_t {
 
 /** Which losses ran this step and how the total weighs them. */
 typedef struct uform_terms_t {
-    int masked_ran, contrastive_ran, choices_ran;
-    float text_weight, choices_weight; /* the masked and choices terms' weights; the contrastive term's is one */
+    int masked_ran, contrastive_ran, choices_ran, late_ran;
+    float text_weight, choices_weight, late_weight; /* the terms' weights; the contrastive term's is one */
 } uform_terms_t;
 
 /** One AdamW update of every tensor of a layout, or none when the step is poisoned. */
@@ -110,7 +111,7 @@ typedef struct uform_update_t {
 
 /** Whether any loss ran: a step where none did changes nothing. */
 UFORM_HOST_DEVICE static inline int uform_terms_ran(uform_terms_t terms) {
-    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran;
+    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran || terms.late_ran;
 }
 
 /** The step's total loss, as the core reports it: the weighted sum of the losses that ran. */
@@ -119,6 +120,7 @@ UFORM_HOST_DEVICE static inline double uform_total_loss(double const* scalars, u
     if (terms.masked_ran) total += (double)terms.text_weight * scalars[uform_scalar_masked_loss_k];
     if (terms.contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
     if (terms.choices_ran) total += (double)terms.choices_weight * scalars[uform_scalar_choices_loss_k];
+    if (terms.late_ran) total += (double)terms.late_weight * scalars[uform_scalar_late_interaction_loss_k];
     return total;
 }
 

@@ -15,19 +15,26 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     uform_batch_shape_t const* batch = &config->given.batch;
     size_t tokens = (size_t)batch->max_rows_per_device * batch->max_columns_per_row;
     size_t segments = batch->max_segments_per_device, words = sizeof(uint32_t);
-    size_t choices = segments * batch->max_choices_per_item, edges = (segments + 1) * sizeof(uint64_t);
+    size_t choices = segments * batch->max_choices_per_item, snapshot = (segments + 1) * sizeof(uint64_t);
+    size_t late = config->given.late_interaction.weight > 0, edges = late * config->given.contrastive.max_edges_per_device;
     memset(packed, 0, sizeof(*packed));
     /* One block, each array starting on a 64-byte line: the 64-bit offsets first, bytes last. */
-    size_t sizes[] = {edges, edges, edges, tokens * words, tokens * words, tokens * words, tokens * words,
+    size_t sizes[] = {snapshot, snapshot, snapshot, tokens * words, tokens * words, tokens * words, tokens * words,
                       tokens * words, (uform_vocabulary_k + 1) * words, segments * sizeof(uform_segment_t),
                       segments * words, segments * segments * sizeof(float), batch->max_rows_per_device * words,
-                      (segments + 1) * words, choices * sizeof(float), segments * segments, choices};
+                      (segments + 1) * words, choices * sizeof(float), segments * words,
+                      late * tokens * words, late * segments * sizeof(uform_span_t), late * segments * words,
+                      late * segments * words, late * (segments + 1) * words, edges * words, edges * sizeof(float),
+                      segments * segments, choices, edges, segments};
     void** arrays[] = {(void**)&packed->offsets, (void**)&packed->choice_snapshot, (void**)&packed->target_snapshot,
                        (void**)&packed->ids, (void**)&packed->positions, (void**)&packed->masked,
                        (void**)&packed->targets, (void**)&packed->order, (void**)&packed->order_offsets,
                        (void**)&packed->segments, (void**)&packed->groups, (void**)&packed->weights,
                        (void**)&packed->row_fill, (void**)&packed->choice_offsets, (void**)&packed->choice_targets,
-                       (void**)&packed->cells, (void**)&packed->choice_bytes};
+                       (void**)&packed->content_lengths, (void**)&packed->late_rows, (void**)&packed->late_spans,
+                       (void**)&packed->late_item_span, (void**)&packed->late_queries, (void**)&packed->late_offsets,
+                       (void**)&packed->late_documents, (void**)&packed->late_weights, (void**)&packed->cells,
+                       (void**)&packed->choice_bytes, (void**)&packed->late_cells, (void**)&packed->sides};
     size_t total = 0, count = sizeof(sizes) / sizeof(sizes[0]);
     for (size_t i = 0; i != count; ++i) total += (sizes[i] + 63) / 64 * 64;
     uform_status_t status = backend->host_allocate(context, total, &packed->memory);
@@ -246,13 +253,14 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
             return UFORM_INVALID("batch.bags: %zu bags exceed config.batch.max_bags_per_device = %u", distinct,
                                  c->batch.max_bags_per_device);
     }
-    if (step->sides)
-        for (size_t i = 0; i != count; ++i) {
-            if ((unsigned)step->sides[i] > uform_late_interaction_query_and_document_k)
-                return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, (int)step->sides[i]);
-            if (step->sides[i] != uform_late_interaction_none_k)
-                return UFORM_INVALID("batch.sides[%zu]: %d needs config.late_interaction.weight", i, (int)step->sides[i]);
-        }
+    for (size_t i = 0; i != count; ++i) {
+        int side = step->sides ? (int)step->sides[i] : uform_late_interaction_none_k;
+        if (side < 0 || side > uform_late_interaction_query_and_document_k)
+            return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, side);
+        if (side != uform_late_interaction_none_k && !(c->late_interaction.weight > 0))
+            return UFORM_INVALID("batch.sides[%zu]: %d needs config.late_interaction.weight", i, side);
+        packed->sides[i] = (uint8_t)side;
+    }
     size_t edges = 0;
     uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
     char const* names[3] = {"attract", "repel", "ignore"};
@@ -364,12 +372,18 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
     packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = packed->longest = 0;
     packed->contrastive_rows = 0;
     packed->segments_count = count;
+    uint32_t span = config->given.late_interaction.max_query_span;
     for (size_t i = 0; i != count; ++i) {
-        /* An item offering choices ends with its choice position, so its content fits in one column less. */
+        /* An item offering choices ends with its choice position, so its content fits in one column less;
+           a query's content is cut to max_query_span and padded up to it. */
         uint64_t choosing = uform_choices_of(packed, i) != 0, room = shape->max_columns_per_row - choosing;
+        int query = packed->sides[i] == uform_late_interaction_query_k ||
+                    packed->sides[i] == uform_late_interaction_query_and_document_k;
+        if (query) room = span;
         uint64_t begin = offsets[i], content = offsets[i + 1] - begin;
         if (content > room) content = room, ++packed->truncated;
-        uint64_t length = content + choosing;
+        uint64_t padded = query ? span : content, length = padded + choosing;
+        packed->content_lengths[i] = (uint32_t)content;
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
@@ -387,7 +401,9 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         packed->row_fill[row] += (uint32_t)length;
         if (length > packed->longest) packed->longest = length;
         for (uint32_t p = 0; p != length; ++p) {
-            packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p] : uform_choice_id_k;
+            packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p]
+                                                    : p < padded  ? uform_query_pad_id_k
+                                                                  : uform_choice_id_k;
             packed->positions[packed->tokens_count + p] = p;
         }
         packed->tokens_count += length;
@@ -396,6 +412,77 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
             return UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below config.contrastive.temperature_groups = %u",
                                  first + i, group, group_count);
     }
+    return uform_status_success_k;
+}
+
+static int uform_side_queries(uint8_t side) {
+    return side == uform_late_interaction_query_k || side == uform_late_interaction_query_and_document_k;
+}
+
+static int uform_side_documents(uint8_t side) {
+    return side == uform_late_interaction_document_k || side == uform_late_interaction_query_and_document_k;
+}
+
+/*
+ *  Lists the rows late interaction scores (each side-taking item's tokens, its choice position
+ *  aside) and each query's row of the documents its attract and repel runs name, attracts first,
+ *  each run in id order; named items that take no document side are left to the other terms.
+ *  The edges were validated; read again here, every index is bounded anew.
+ */
+static uform_status_t uform_late_fill(uform_packed_t* packed, uform_config_t const* config,
+                                      uform_trainer_step_t const* step, char const** error) {
+    uform_late_interaction_t const* late = &config->given.late_interaction;
+    size_t count = step->count, rows = 0, spans = 0, query_tokens = 0, documents = 0, document_tokens = 0;
+    for (size_t i = 0; i != count; ++i) {
+        uint8_t side = packed->sides[i];
+        packed->late_item_span[i] = UINT32_MAX;
+        if (side == uform_late_interaction_none_k) continue;
+        uform_segment_t const* segment = &packed->segments[i];
+        uint32_t scored = segment->length - (uform_choices_of(packed, i) != 0);
+        packed->late_spans[spans].start = (uint32_t)rows, packed->late_spans[spans].length = scored;
+        for (uint32_t p = 0; p != scored; ++p) packed->late_rows[rows++] = segment->start + p;
+        packed->late_item_span[i] = (uint32_t)spans++;
+        if (uform_side_queries(side)) query_tokens += scored;
+        if (uform_side_documents(side)) ++documents, document_tokens += scored;
+    }
+    if (query_tokens > late->max_query_tokens_per_device)
+        return UFORM_INVALID("batch.sides: %zu query tokens exceed config.late_interaction.max_query_tokens_per_device "
+                             "= %u", query_tokens, late->max_query_tokens_per_device);
+    if (documents > late->max_documents_per_device)
+        return UFORM_INVALID("batch.sides: %zu documents exceed config.late_interaction.max_documents_per_device = %u",
+                             documents, late->max_documents_per_device);
+    if (document_tokens > late->max_document_tokens_per_device)
+        return UFORM_INVALID("batch.sides: %zu document tokens exceed "
+                             "config.late_interaction.max_document_tokens_per_device = %u",
+                             document_tokens, late->max_document_tokens_per_device);
+    uform_edges_view_t const* relations[2] = {&step->attract, &step->repel};
+    size_t queries = 0, pairs = 0, counted = 0;
+    for (size_t i = 0; i != count; ++i) {
+        if (!uform_side_queries(packed->sides[i])) continue;
+        size_t first = pairs;
+        double sums[2] = {0, 0};
+        for (int r = 0; r != 2; ++r) {
+            uform_edges_view_t const* edges = relations[r];
+            if (!edges->offsets) continue;
+            for (uint32_t k = edges->offsets[i], end = edges->offsets[i + 1]; k < end && k < edges->ids_count; ++k) {
+                uint32_t id = edges->ids[k];
+                if (id >= count || !uform_side_documents(packed->sides[id])) continue;
+                float weight = edges->weights ? edges->weights[k] : 1;
+                weight = isfinite(weight) && weight > 0 ? weight : 0;
+                packed->late_documents[pairs] = packed->late_item_span[id];
+                packed->late_cells[pairs] = r == 0 ? uform_cell_attract_k : uform_cell_repel_k;
+                packed->late_weights[pairs++] = weight;
+                sums[r] += weight;
+            }
+        }
+        if (pairs == first) continue;
+        packed->late_offsets[queries] = (uint32_t)first;
+        packed->late_queries[queries++] = packed->late_item_span[i];
+        counted += (size_t)uform_row_counts(late->pair_loss, sums[0], sums[1]);
+    }
+    packed->late_offsets[queries] = (uint32_t)pairs;
+    packed->late_rows_count = rows, packed->late_spans_count = spans;
+    packed->late_queries_count = queries, packed->late_pairs_count = pairs, packed->late_rows_counted = counted;
     return uform_status_success_k;
 }
 
@@ -418,8 +505,10 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
             uform_mask_text(packed, config, step_number, first_item + i, packed->segments[i].start,
-                            packed->segments[i].length - (uform_choices_of(packed, i) != 0));
+                            packed->content_lengths[i]);
     uform_choice_positions(packed);
+    if (config->given.late_interaction.weight > 0) status = uform_late_fill(packed, config, step, error);
+    if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
     uform_order_fill(packed);
     return uform_status_success_k;
@@ -433,5 +522,6 @@ uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t con
     if (status == uform_status_success_k) status = uform_contents_check(packed, contents, count, first_item, error);
     if (status != uform_status_success_k) return status;
     packed->choices_count = 0;
+    memset(packed->sides, 0, count);
     return uform_pack_rows(packed, config, count, contents, NULL, first_item, error);
 }

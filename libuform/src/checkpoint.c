@@ -912,8 +912,7 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     }
     uform_layout_t layout = {0};
     if (status == uform_status_success_k)
-        status = uform_layout_init(&layout, wanted.depth, wanted.hidden, wanted.contrastive.temperature_groups, 10, -10,
-                                   error);
+        status = uform_layout_init(&layout, &wanted, error);
     if (status == uform_status_success_k) status = uform_tensors_match(&header, &layout, "path", path, error);
     uform_layout_free(&layout);
     free(header.entries);

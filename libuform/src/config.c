@@ -124,12 +124,30 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (!uform_finite(late->weight) || late->weight < 0)
         return UFORM_INVALID("config.late_interaction.weight: %g is not a finite non-negative number",
                              (double)late->weight);
-    if (late->width % 8) return UFORM_INVALID("config.late_interaction.width: %u is not a multiple of 8", late->width);
+    if (late->width % 8 || late->width > 4096)
+        return UFORM_INVALID("config.late_interaction.width: %u is not a multiple of 8 up to 4096", late->width);
     if (!late->width) late->width = 128;
-    if (late->weight > 0)
-        return uform_fail(error, uform_status_unsupported_k,
-                          "config.late_interaction.weight: %g asks for late interaction, which this build lacks",
-                          (double)late->weight);
+    if (!uform_finite(late->inverse_temperature) || late->inverse_temperature < 0)
+        return UFORM_INVALID("config.late_interaction.inverse_temperature: %g is not a finite positive number",
+                             (double)late->inverse_temperature);
+    if (!late->inverse_temperature) late->inverse_temperature = 1;
+    if (!uform_finite(late->bias))
+        return UFORM_INVALID("config.late_interaction.bias: %g is not finite", (double)late->bias);
+    if ((unsigned)late->pair_loss > uform_pair_loss_sigmoid_k)
+        return UFORM_INVALID("config.late_interaction.pair_loss: %d is not a pair-loss form", (int)late->pair_loss);
+    if (late->pair_loss == uform_pair_loss_derived_k) late->pair_loss = uform_pair_loss_ranked_k;
+    /* A query's rows, and its choice position, fit in one row of the batch. */
+    uint32_t room = batch->max_columns_per_row - (c->choices.weight > 0 && batch->max_columns_per_row > 1);
+    if (late->weight > 0 && !late->max_query_span) late->max_query_span = room < 32 ? room : 32;
+    if (late->weight > 0 && late->max_query_span > room)
+        return UFORM_INVALID("config.late_interaction.max_query_span: %u does not fit config.batch.max_columns_per_row "
+                             "= %u",
+                             late->max_query_span, batch->max_columns_per_row);
+    if (!late->max_query_tokens_per_device)
+        late->max_query_tokens_per_device = batch->max_segments_per_device * late->max_query_span;
+    if (!late->max_documents_per_device) late->max_documents_per_device = batch->max_segments_per_device;
+    if (!late->max_document_tokens_per_device)
+        late->max_document_tokens_per_device = batch->max_rows_per_device * batch->max_columns_per_row;
     if (!uform_finite(c->choices.weight) || c->choices.weight < 0)
         return UFORM_INVALID("config.choices.weight: %g is not a finite non-negative number", (double)c->choices.weight);
     if (c->choices.weight > 0 && !batch->max_choices_per_item)

@@ -117,6 +117,19 @@ typedef struct uform_packed_t {
     uint32_t* choice_offsets;    /* (capacity segments + 1) where each offering item's bytes and targets start */
     uint8_t* choice_bytes;       /* (capacity segments x max choices) the offered bytes, item after item */
     float* choice_targets;       /* (capacity segments x max choices) their target probabilities */
+    uint32_t* content_lengths;   /* (capacity segments) each item's content after cutting: what masking reads */
+    /* Late interaction: the rows of query-side and document-side items, and who scores whom. */
+    size_t late_rows_count, late_spans_count, late_queries_count, late_pairs_count;
+    size_t late_rows_counted;    /* query rows that count under the pair-loss form */
+    uint32_t* late_rows;         /* (capacity tokens) the token of each scored row, item after item */
+    uform_span_t* late_spans;    /* (capacity segments) each scored item's run of late_rows */
+    uint32_t* late_item_span;    /* (capacity segments) each item's span, or UINT32_MAX */
+    uint32_t* late_queries;      /* (capacity segments) the span of each query row */
+    uint32_t* late_offsets;      /* (capacity segments + 1) each query row's run of the three below */
+    uint32_t* late_documents;    /* (capacity edges) the span of each document a query names */
+    float* late_weights;         /* (capacity edges) */
+    uint8_t* late_cells;         /* (capacity edges) attract or repel */
+    uint8_t* sides;              /* (capacity segments) each item's side, read once; none without late interaction */
     void* memory;        /* the one host allocation behind the arrays above */
     uform_backend_t const* backend;
     void* context;
@@ -167,6 +180,7 @@ typedef struct uform_replica_t {
     void* context;
     size_t capacity_tokens, capacity_segments;
     uint32_t depth;
+    uint32_t late_width; /* the token vectors' width; 0 without late interaction */
     float *weights, *gradients, *first, *second; /* (layout.total) float32 each */
     void* compute;  /* (layout.total) the weights as matrix products read them: `weights` itself on float32 backends */
     uform_block_activations_t* blocks; /* (depth) */
@@ -192,6 +206,14 @@ typedef struct uform_replica_t {
     uform_segment_t* segments;
     uint8_t* cells;
     float* cell_weights;
+    uint32_t *late_rows, *late_queries, *late_offsets, *late_documents; /* the packed lists of late interaction */
+    uform_span_t* late_spans;
+    uint8_t* late_cells;
+    float* late_weights;
+    void* late_vectors;       /* (tokens, width) the token head's outputs */
+    float* late_unit;         /* (tokens, width) the same at unit length: the token vectors */
+    float* d_late_unit;       /* (tokens, width) */
+    void* d_late_vectors;     /* (tokens, width) */
     uint32_t* choice_offsets; /* (segments + 1) */
     uint8_t* choice_bytes;    /* (segments x max choices) */
     float* choice_targets;    /* (segments x max choices) */

@@ -89,6 +89,7 @@ enum {
     uform_bytes_k = 256,          /* byte values a text token takes */
     uform_mask_id_k = 256,        /* the id a masked position shows */
     uform_choice_id_k = 257,      /* the id of the position, after an item's content, whose logits choose */
+    uform_query_pad_id_k = 258,   /* the id that pads a query's rows up to max_query_span */
     uform_vocabulary_k = 260,     /* 256 bytes, the mask id and three ids reserved for choices and queries */
     uform_mlp_ratio_k = 4,        /* the MLP's inner width is 4 x hidden */
 };
@@ -116,11 +117,12 @@ typedef struct uform_layout_t {
     uform_tensor_t* tensors;      /* `count` tensors, in checkpoint order */
     uform_block_tensors_t* blocks; /* `depth` blocks */
     size_t embedding, final_norm, decoder, log_inverse_temperature, bias;
+    size_t token_head, late_log_inverse_temperature, late_bias; /* SIZE_MAX: no late interaction */
     size_t total;                 /* floats in each flat buffer */
 } uform_layout_t;
 
-uform_status_t uform_layout_init(uform_layout_t* layout, uint32_t depth, uint32_t hidden, uint32_t groups,
-                                 float inverse_temperature, float bias, char const** error);
+/** The layout of a validated config's model; the token head's tensors only where it trains late interaction. */
+uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram_t const* config, char const** error);
 void uform_layout_free(uform_layout_t* layout);
 
 /* ---------------------------------------------------------------------------------------------- */

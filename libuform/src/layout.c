@@ -21,11 +21,12 @@ static size_t uform_layout_push(uform_layout_t* layout, char const* name, size_t
     return layout->count++;
 }
 
-uform_status_t uform_layout_init(uform_layout_t* layout, uint32_t depth, uint32_t hidden, uint32_t groups,
-                                 float inverse_temperature, float bias, char const** error) {
+uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram_t const* config, char const** error) {
+    uint32_t depth = config->depth, hidden = config->hidden, groups = config->contrastive.temperature_groups;
+    uform_late_interaction_t const* late = &config->late_interaction;
     *layout = (uform_layout_t){.depth = depth, .hidden = hidden, .heads = hidden / uform_head_width_k,
-                               .temperature_groups = groups};
-    layout->tensors = calloc(6 * (size_t)depth + 5, sizeof(uform_tensor_t));
+                               .temperature_groups = groups, .token_head = SIZE_MAX};
+    layout->tensors = calloc(6 * (size_t)depth + 8, sizeof(uform_tensor_t));
     layout->blocks = calloc(depth, sizeof(uform_block_tensors_t));
     if (!layout->tensors || !layout->blocks) {
         uform_layout_free(layout);
@@ -52,9 +53,15 @@ uform_status_t uform_layout_init(uform_layout_t* layout, uint32_t depth, uint32_
     }
     layout->final_norm = uform_layout_push(layout, "final_norm", 1, h, 0, 1);
     layout->decoder = uform_layout_push(layout, "text.decoder", uform_bytes_k, h, std, 0);
-    layout->log_inverse_temperature =
-        uform_layout_push(layout, "contrastive.log_inverse_temperature", 1, groups, 0, logf(inverse_temperature));
-    layout->bias = uform_layout_push(layout, "contrastive.bias", 1, groups, 0, bias);
+    layout->log_inverse_temperature = uform_layout_push(layout, "contrastive.log_inverse_temperature", 1, groups, 0,
+                                                        logf(config->contrastive.inverse_temperature));
+    layout->bias = uform_layout_push(layout, "contrastive.bias", 1, groups, 0, config->contrastive.bias);
+    if (late->weight > 0) { /* the token head exists where a run trains it */
+        layout->token_head = uform_layout_push(layout, "late_interaction.token_head", late->width, h, std, 0);
+        layout->late_log_inverse_temperature = uform_layout_push(layout, "late_interaction.log_inverse_temperature", 1,
+                                                                 1, 0, logf(late->inverse_temperature));
+        layout->late_bias = uform_layout_push(layout, "late_interaction.bias", 1, 1, 0, late->bias);
+    }
     return uform_status_success_k;
 }
 

@@ -77,6 +77,18 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->segments, segments * sizeof(uform_segment_t));
     UFORM_BUFFER(r->cells, segments * segments);
     UFORM_BUFFER(r->cell_weights, segments * segments * floats);
+    size_t late = plan->pairs != 0, edges = plan->pairs, width = late * r->late_width;
+    UFORM_BUFFER(r->late_rows, late * tokens * words);
+    UFORM_BUFFER(r->late_spans, late * segments * sizeof(uform_span_t));
+    UFORM_BUFFER(r->late_queries, late * segments * words);
+    UFORM_BUFFER(r->late_offsets, late * (segments + 1) * words);
+    UFORM_BUFFER(r->late_documents, edges * words);
+    UFORM_BUFFER(r->late_cells, edges);
+    UFORM_BUFFER(r->late_weights, edges * floats);
+    UFORM_BUFFER(r->late_vectors, tokens * width * act);
+    UFORM_BUFFER(r->late_unit, tokens * width * floats);
+    UFORM_BUFFER(r->d_late_unit, tokens * width * floats);
+    UFORM_BUFFER(r->d_late_vectors, tokens * width * act);
     UFORM_BUFFER(r->choice_offsets, (segments + 1) * words);
     UFORM_BUFFER(r->choice_bytes, segments * choices);
     UFORM_BUFFER(r->choice_targets, segments * choices * floats);
@@ -85,23 +97,26 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     return n;
 }
 
-enum { uform_replica_buffers_k = 52 }; /* fixed buffers beside 11 per block */
+enum { uform_replica_buffers_k = 63 }; /* fixed buffers beside 11 per block */
 
 uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
                                   uform_layout_t const* layout, uform_config_t const* config, char const** error) {
     uform_backend_t const* backend = executor->backend;
     uform_batch_shape_t const* batch = &config->given.batch;
+    uform_late_interaction_t const* late = &config->given.late_interaction;
     uform_plan_t plan = {.tokens = (size_t)batch->max_rows_per_device * batch->max_columns_per_row,
                          .segments = batch->max_segments_per_device,
                          .columns = batch->max_columns_per_row,
                          .hidden = layout->hidden,
                          .heads = layout->heads,
                          .contrastive = config->given.objective != uform_objective_masked_k,
+                         .pairs = late->weight > 0 ? config->given.contrastive.max_edges_per_device : 0,
+                         .query_span = late->weight > 0 ? late->max_query_span : 0,
                          .layout = layout};
     memset(replica, 0, sizeof(*replica));
     replica->backend = backend;
     replica->capacity_tokens = plan.tokens, replica->capacity_segments = plan.segments;
-    replica->depth = layout->depth;
+    replica->depth = layout->depth, replica->late_width = late->weight > 0 ? late->width : 0;
     uform_status_t status = backend->context_create(executor->device, &plan, &replica->context);
     if (status != uform_status_success_k) return uform_fail(error, status, "%s", uform_message());
     replica->blocks = calloc(layout->depth, sizeof(uform_block_activations_t));
@@ -146,8 +161,10 @@ uform_terms_t uform_model_terms(uform_config_t const* config, uform_packed_t con
     uform_terms_t terms = {.masked_ran = c->objective != uform_objective_contrastive_k && packed->masked_count,
                            .contrastive_ran = c->objective != uform_objective_masked_k && packed->contrastive_rows,
                            .choices_ran = c->choices.weight > 0 && packed->choices_count,
+                           .late_ran = c->late_interaction.weight > 0 && packed->late_rows_counted,
                            .text_weight = c->masking.text_weight,
-                           .choices_weight = c->choices.weight};
+                           .choices_weight = c->choices.weight,
+                           .late_weight = c->late_interaction.weight};
     return terms;
 }
 
@@ -169,6 +186,16 @@ uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* pack
     size_t masked = training ? packed->masked_count : 0;
     UFORM_TRY(b->upload(x, r->masked, packed->masked, (masked + choosing) * words));
     if (!training) return uform_status_success_k;
+    if (r->late_width && packed->late_queries_count) {
+        size_t queries = packed->late_queries_count, pairs = packed->late_pairs_count;
+        UFORM_TRY(b->upload(x, r->late_rows, packed->late_rows, packed->late_rows_count * words));
+        UFORM_TRY(b->upload(x, r->late_spans, packed->late_spans, packed->late_spans_count * sizeof(uform_span_t)));
+        UFORM_TRY(b->upload(x, r->late_queries, packed->late_queries, queries * words));
+        UFORM_TRY(b->upload(x, r->late_offsets, packed->late_offsets, (queries + 1) * words));
+        UFORM_TRY(b->upload(x, r->late_documents, packed->late_documents, pairs * words));
+        UFORM_TRY(b->upload(x, r->late_cells, packed->late_cells, pairs));
+        UFORM_TRY(b->upload(x, r->late_weights, packed->late_weights, pairs * sizeof(float)));
+    }
     UFORM_TRY(b->upload(x, r->targets, packed->targets, packed->masked_count * words));
     UFORM_TRY(b->upload(x, r->order, packed->order, tokens * words));
     UFORM_TRY(b->upload(x, r->order_offsets, packed->order_offsets, (uform_vocabulary_k + 1) * words));
@@ -220,6 +247,55 @@ static uform_status_t uform_model_forward(uform_replica_t* r, uform_layout_t con
     return b->rmsnorm_forward(x, r->final, r->final_rstd, r->output, w + t[layout->final_norm].offset, tokens, h);
 }
 
+/*
+ *  A head read the final states at `count` rows (gathered into masked_states) through `head`
+ *  (width, hidden): its weights' gradient gains d_out^T states, and d_final gains d_out head at
+ *  those rows.
+ */
+static uform_status_t uform_model_head_backward(uform_replica_t* r, uform_layout_t const* layout, size_t tensor,
+                                                void const* d_out, uint32_t const* rows, size_t count, size_t width) {
+    uform_backend_t const* b = r->backend;
+    void* x = r->context;
+    size_t h = layout->hidden;
+    float* d_head = r->gradients + layout->tensors[tensor].offset;
+    UFORM_TRY(b->matmul(x, d_head, d_head, d_out, r->masked_states, width, h, count, 1, 0, uform_element_f32_k));
+    UFORM_TRY(b->matmul(x, r->d_hidden, NULL, d_out, uform_compute(r, layout, tensor), count, h, width, 0, 0,
+                        b->activations));
+    return b->scatter_rows(x, r->d_final, r->d_hidden, rows, count, h);
+}
+
+/* The token head's vectors at the scored rows, the MaxSim term over them, and the way back into d_final. */
+static uform_status_t uform_model_late_interaction(uform_replica_t* r, uform_layout_t const* layout,
+                                                  uform_config_t const* config, uform_packed_t const* packed) {
+    uform_backend_t const* b = r->backend;
+    void* x = r->context;
+    size_t late_t = layout->late_log_inverse_temperature, late_b = layout->late_bias;
+    uform_tensor_t const* t = layout->tensors;
+    uform_late_interaction_t const* late = &config->given.late_interaction;
+    size_t rows = packed->late_rows_count, width = late->width, h = layout->hidden;
+    void const* head = uform_compute(r, layout, layout->token_head);
+    /* The decoder's rows are done with their buffers: the stream (or the CPU's order) keeps them apart. */
+    UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->late_rows, rows, h));
+    UFORM_TRY(b->matmul(x, r->late_vectors, NULL, r->masked_states, head, rows, width, h, 0, 1, b->activations));
+    UFORM_TRY(b->normalize_rows(x, r->late_unit, r->late_vectors, rows, width));
+    uform_late_interaction_setup_t setup = {.spans = r->late_spans,
+                                            .queries = r->late_queries,
+                                            .offsets = r->late_offsets,
+                                            .documents = r->late_documents,
+                                            .cells = r->late_cells,
+                                            .weights = r->late_weights,
+                                            .count = packed->late_queries_count,
+                                            .pairs = packed->late_pairs_count,
+                                            .form = late->pair_loss};
+    UFORM_TRY(b->late_interaction(x, r->scalars + uform_scalar_late_interaction_loss_k, r->d_late_unit,
+                                  r->gradients + t[late_t].offset, r->gradients + t[late_b].offset, r->late_unit, rows,
+                                  width, r->weights + t[late_t].offset, r->weights + t[late_b].offset, &setup,
+                                  late->weight));
+    UFORM_TRY(b->normalize_rows_backward(x, r->d_late_vectors, r->d_late_unit, r->late_unit, r->late_vectors, rows,
+                                         width));
+    return uform_model_head_backward(r, layout, layout->token_head, r->d_late_vectors, r->late_rows, rows, width);
+}
+
 /* The heads read the final-norm states and leave their gradient in d_final; their losses land in the scalars. */
 static uform_status_t uform_model_losses(uform_replica_t* r, uform_layout_t const* layout,
                                          uform_config_t const* config, uform_packed_t const* packed) {
@@ -251,12 +327,9 @@ static uform_status_t uform_model_losses(uform_replica_t* r, uform_layout_t cons
                                  (char const*)r->logits + skip, r->choice_offsets, r->choice_bytes, r->choice_targets,
                                  choosing, terms.choices_weight));
         }
-        float* d_decoder = g + t[layout->decoder].offset;
-        UFORM_TRY(b->matmul(x, d_decoder, d_decoder, r->d_logits, r->masked_states, uform_bytes_k, h, decoded, 1, 0,
-                            uform_element_f32_k));
-        UFORM_TRY(b->matmul(x, r->d_hidden, NULL, r->d_logits, decoder, decoded, h, uform_bytes_k, 0, 0, act));
-        UFORM_TRY(b->scatter_rows(x, r->d_final, r->d_hidden, r->masked, decoded, h));
+        UFORM_TRY(uform_model_head_backward(r, layout, layout->decoder, r->d_logits, r->masked, decoded, uform_bytes_k));
     }
+    if (terms.late_ran) UFORM_TRY(uform_model_late_interaction(r, layout, config, packed));
     UFORM_TRY(b->pool_forward(x, r->pooled, r->final, &items, h));
     if (c->objective != uform_objective_masked_k && packed->contrastive_rows) {
         uform_contrastive_setup_t setup = {.form = c->contrastive.pair_loss,

@@ -85,8 +85,7 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     uform_status_t status = uform_config_derive(&made->config, config, error);
     uform_trainer_init_vram_t const* c = &made->config.given;
     if (status == uform_status_success_k)
-        status = uform_layout_init(&made->layout, c->depth, c->hidden, c->contrastive.temperature_groups,
-                                   c->contrastive.inverse_temperature, c->contrastive.bias, error);
+        status = uform_layout_init(&made->layout, c, error);
     if (status == uform_status_success_k)
         status = uform_replica_init(&made->replica, made->executor, &made->layout, &made->config, error);
     if (status == uform_status_success_k)
@@ -162,7 +161,7 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     stats->masked_loss = terms.masked_ran ? (float)scalars[uform_scalar_masked_loss_k] : NAN;
     stats->contrastive_loss = terms.contrastive_ran ? (float)scalars[uform_scalar_contrastive_loss_k] : NAN;
     stats->choices_loss = terms.choices_ran ? (float)scalars[uform_scalar_choices_loss_k] : NAN;
-    stats->late_interaction_loss = NAN;
+    stats->late_interaction_loss = terms.late_ran ? (float)scalars[uform_scalar_late_interaction_loss_k] : NAN;
     stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     stats->items = trainer->packed.segments_count;
     stats->tokens = trainer->packed.tokens_count;
@@ -170,6 +169,7 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     stats->masked_positions = terms.masked_ran ? trainer->packed.masked_count : 0;
     stats->contrastive_rows = terms.contrastive_ran ? trainer->packed.contrastive_rows : 0;
     stats->choice_items = terms.choices_ran ? trainer->packed.choices_count : 0;
+    stats->query_rows = terms.late_ran ? trainer->packed.late_rows_counted : 0;
     stats->temperature_groups = groups;
     for (uint32_t g = 0; g != groups; ++g)
         stats->inverse_temperatures[g] = expf(scored[g]), stats->biases[g] = scored[groups + g];
