@@ -291,7 +291,11 @@ def test_values_that_no_run_saves(cpu, good, tmp_path):
         values = np.frombuffer(checkpoint.tensors[name][2], np.float32).copy()
         values[5] = value
         checkpoint.tensors[name][2] = values.tobytes()
-        refused(cpu, checkpoint.write(path), uform.InvalidCheckpoint, message)
+        moment = name.startswith("adamw.")
+        refused(cpu, checkpoint.write(path), uform.InvalidCheckpoint, message, encoder=not moment)
+        if moment:  # an encoder reads the weights alone: a moment's values are the resumed run's to judge
+            with uform.Encoder.load(str(path), cpu) as encoder:
+                assert np.isfinite(np.asarray(encoder.embed([TEXT], ["red panda"]))).all()
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -396,6 +396,9 @@ def test_the_token_head_is_checkpointed_and_resumes(executor, tmp_path):
     assert "late_interaction.log_inverse_temperature" in tensors and "late_interaction.bias" in tensors
     with uform.Trainer.init_ram(executor, dict(made, resume=path)) as resumed:
         assert [resumed.step(step).stats.loss for _ in range(2)] == expected
+        resumed.save(path, weights_only=True)
+    with uform.Encoder.load(path, executor) as encoder:  # the token head travels in the weights-only file too
+        assert np.asarray(encoder.embed(["text"] * 2, ["red panda", "bamboo"])).shape == (2, 128)
 
 
 def test_the_seeds_reranker_example_steps(executor):

@@ -373,6 +373,22 @@ def test_inference_in_every_scalar_type(rng, cpu, gpu, tmp_path, scalar):
     assert (np.sum(expected * actual, axis=1) > 0.99).all()
 
 
+def test_a_weights_only_checkpoint_on_the_gpu(rng, gpu, tmp_path):
+    """Saved weights-only from the GPU, it embeds there bit for bit as the whole checkpoint does, in an
+    encoder holding the weights, their bfloat16 copy and one pass's activations, not a trainer's memory."""
+    whole, weights = tmp_path / "whole.safetensors", tmp_path / "weights.safetensors"
+    with uform.Trainer.init_vram(gpu, CONFIG) as trainer:
+        trainer.step(batch(rng))
+        trainer.save(whole)
+        trainer.save(weights, weights_only=True)
+        trained = trainer._handle().memory()
+    texts = batch(rng, 40)["contents"]
+    with uform.Encoder.load(whole, gpu) as first, uform.Encoder.load(weights, gpu) as second:
+        assert second._handle().memory() < trained / 2
+        expected = first.embed([uform.Modality.TEXT] * 40, texts).numpy()
+        assert second.embed([uform.Modality.TEXT] * 40, texts).numpy().tobytes() == expected.tobytes()
+
+
 def test_bad_input_is_refused_as_on_the_cpu(cpu, gpu):
     bad = dict(modalities=[uform.Modality.TEXT] * 2, contents=["a", "b"],
                relations=dict(attract=uform.Edges(offsets=[0, 1, 2], ids=[5, 0])))

@@ -20,6 +20,8 @@ import threading
 import weakref
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from . import _native
 from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_items
 from .config import (
@@ -370,10 +372,12 @@ class Trainer:
 
         return step if arena is None else arena._claim_for(step, "config.arena")
 
-    def _save_call(self, path: Any):
+    def _save_call(self, path: Any, weights_only: Any):
         native = self._handle()
         destination = encode_path(path, "path")
-        return lambda: native.save(destination)
+        if weights_only is not None and not isinstance(weights_only, (bool, np.bool_)):  # "no" is truthy: refuse it
+            raise InvalidArgument(f"weights_only: expected True or False, got {type(weights_only).__name__} {weights_only!r}")
+        return lambda: native.save(destination, bool(weights_only))
 
     def step(self, batch: Any, config: Any = None) -> Stepped:
         """Applies one optimizer step over this process's items and every peer's.
@@ -385,12 +389,14 @@ class Trainer:
         worker.refuse_own_thread()  # before the step claims its arena
         return worker.run(self._step_call(batch, config))
 
-    def save(self, path: Any) -> None:
+    def save(self, path: Any, weights_only: bool = False) -> None:
         """Writes the weights, the optimizer's moments and the step as one safetensors checkpoint.
 
         The file is written beside `path` and renamed into place, so a crash keeps the previous one.
+        `weights_only=True` leaves the moments out, for release: a third of the size, loaded by
+        `Encoder.load`, refused by `resume` (`InvalidCheckpoint`).
         """
-        call = self._save_call(path)
+        call = self._save_call(path, weights_only)
         self._worker().run(call)
 
     def deferred(self) -> "TrainerDeferred":
@@ -463,9 +469,9 @@ class TrainerDeferred:
         """`Trainer.step`, deferred: the batch is read now, the step runs on the worker."""
         return self._submit("step", self._trainer._step_call, batch, config)
 
-    def save(self, path: Any) -> Deferred:
+    def save(self, path: Any, weights_only: bool = False) -> Deferred:
         """`Trainer.save`, deferred."""
-        return self._submit("save", self._trainer._save_call, path)
+        return self._submit("save", self._trainer._save_call, path, weights_only)
 
     def __repr__(self) -> str:
         return f"<uform.TrainerDeferred of {self._trainer!r}>"
@@ -484,7 +490,11 @@ class Encoder:
 
     @classmethod
     def load(cls, path: Any, executor: Executor) -> "Encoder":
-        """Loads a checkpoint written by `Trainer.save` onto `executor`."""
+        """Loads a checkpoint written by `Trainer.save`, whole or `weights_only`, onto `executor`.
+
+        Only the weights are read; the encoder holds them and one pass's activations, not a trainer's
+        moments and gradients.
+        """
         if not isinstance(executor, Executor):
             raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
         source = encode_path(path, "path")

@@ -105,6 +105,7 @@ cdef class Handle:
     cdef tuple borrowed
     cdef str noun  # how messages name it: "executor", "mesh", "trainer", "encoder"
     cdef uform_status_t (*release)(void*, const char**) noexcept nogil
+    cdef uform_status_t (*measure)(void*, size_t*, const char**) noexcept nogil  # trainers' and encoders'
 
     @property
     def alive(self):
@@ -126,6 +127,19 @@ cdef class Handle:
         check(status, message, f"freeing the {self.noun}")
         self.handle = NULL
         self.borrowed = None
+
+    def memory(self):
+        """For tests: bytes of backend memory the buffers of a trainer's or an encoder's replica take."""
+        cdef size_t bytes = 0
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef void* handle = self.live()
+        if self.measure == NULL:
+            raise InvalidArgument(f"{self.noun}: holds no replica to measure")
+        with nogil:
+            status = self.measure(handle, &bytes, &message)
+        check(status, message, f"measuring the {self.noun}")
+        return bytes
 
     def __dealloc__(self):
         # Subclasses hold no objects of their own: what a handle borrows sits in `borrowed`, which
@@ -421,6 +435,7 @@ cdef class TrainerHandle(Handle):
     def __cinit__(self):
         self.noun = "trainer"
         self.release = uform_trainer_free
+        self.measure = uform_trainer_memory
 
     @staticmethod
     def init(bint vram, ExecutorHandle executor not None, dict config, MeshHandle mesh):
@@ -476,14 +491,18 @@ cdef class TrainerHandle(Handle):
         check(status, message, "uform_trainer_step")
         return _stats(&inputs.step.stats)
 
-    def save(self, bytes path):
+    def save(self, bytes path, bint weights_only):
+        """Writes a checkpoint; `weights_only` leaves out the optimizer's moments."""
         cdef const char* message = NULL
         cdef uform_status_t status
         cdef uform_trainer_t trainer = self.live()
         cdef const char* destination = path
         with nogil:
-            status = uform_trainer_save(trainer, destination, &message)
-        check(status, message, "uform_trainer_save")
+            if weights_only:
+                status = uform_trainer_save_weights(trainer, destination, &message)
+            else:
+                status = uform_trainer_save(trainer, destination, &message)
+        check(status, message, "uform_trainer_save_weights" if weights_only else "uform_trainer_save")
 
     def parameters(self):
         """How many floats the flat weights (and gradients) hold."""
@@ -540,6 +559,7 @@ cdef class EncoderHandle(Handle):
     def __cinit__(self):
         self.noun = "encoder"
         self.release = uform_encoder_free
+        self.measure = uform_encoder_memory
 
     @staticmethod
     def load(ExecutorHandle executor not None, bytes path):

@@ -225,6 +225,7 @@ cdef extern from "uform.h" nogil:
                                            uform_mesh_t mesh, uform_trainer_t* trainer, const char** error)
     uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, const char** error)
     uform_status_t uform_trainer_save(uform_trainer_t trainer, const char* path, const char** error)
+    uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_free(uform_trainer_t trainer, const char** error)
 
     ctypedef struct uform_encoder_embed_t:
@@ -246,3 +247,5 @@ cdef extern from "internal.h" nogil:
     uform_status_t uform_trainer_probe(uform_trainer_t trainer, uform_trainer_step_t* step, float* gradients,
                                        const char** error)
     uform_status_t uform_trainer_weights(uform_trainer_t trainer, float* weights, size_t* total, const char** error)
+    uform_status_t uform_trainer_memory(uform_trainer_t trainer, size_t* bytes, const char** error)
+    uform_status_t uform_encoder_memory(uform_encoder_t encoder, size_t* bytes, const char** error)

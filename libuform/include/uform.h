@@ -18,6 +18,7 @@
  *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows
  *    it fails with `uform_status_busy_k`.
  *  - `uform_encoder_t`: a checkpoint loaded for inference: pooled embeddings of any number of items.
+ *    It holds the weights and the activations of one pass, not a trainer's moments and gradients.
  *
  *  Every handle is checked against the library's table of live handles before use, so a freed
  *  or foreign handle is answered with `uform_status_invalid_handle_k`, never a crash.
@@ -450,6 +451,17 @@ UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_train
  */
 UFORM_API uform_status_t uform_trainer_save(uform_trainer_t trainer, char const* path, char const** error);
 
+/**
+ *  @brief Writes the weights, the step and the config without the optimizer's moments: a third of
+ *  `uform_trainer_save`'s file, for release. Its metadata marks it weights-only, so an encoder loads it
+ *  and a run refuses to resume from it (`uform_status_invalid_checkpoint_k`). Written atomically, like
+ *  `uform_trainer_save`.
+ *  @param[in] trainer The run.
+ *  @param[in] path The destination.
+ *  @param[out] error The message on failure; may be NULL.
+ */
+UFORM_API uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, char const* path, char const** error);
+
 /** @brief Frees a trainer and lets go of its executor and mesh. */
 UFORM_API uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
 
@@ -464,9 +476,10 @@ typedef struct uform_encoder_embed_t {
 } uform_encoder_embed_t;
 
 /**
- *  @brief Loads a checkpoint for inference; its geometry comes from the file's own metadata.
+ *  @brief Loads a checkpoint for inference; its geometry comes from the file's own metadata. Only the
+ *  weights are read; the encoder takes the weights and one pass's activations, not a trainer's memory.
  *  @param[in] executor A RAM or VRAM executor.
- *  @param[in] path A checkpoint written by `uform_trainer_save`.
+ *  @param[in] path A checkpoint written by `uform_trainer_save` or `uform_trainer_save_weights`.
  *  @param[out] encoder The new handle.
  *  @param[out] hidden The embeddings' width; may be NULL.
  */

@@ -54,7 +54,7 @@ typedef struct uform_plan_t {
     size_t hidden, heads;
     int contrastive;              /* whether the contrastive term runs, and needs its scratch */
     size_t pairs, query_span;     /* late interaction: (query, document) pairs per step, a query's rows at most */
-    uform_layout_t const* layout; /* the parameters AdamW walks */
+    uform_layout_t const* layout; /* the parameters AdamW walks; NULL for an encoder's replica, which never updates */
 } uform_plan_t;
 
 /** The items of one step: where each sits in the packed stream, on the device and on the host. */

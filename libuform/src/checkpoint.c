@@ -1,6 +1,7 @@
 /**
  *  @file   checkpoint.c
- *  @brief  Safetensors checkpoints: every weight, both AdamW moments, the step and the config.
+ *  @brief  Safetensors checkpoints: every weight, both AdamW moments, the step and the config; or,
+ *          for release, the weights alone, marked so in the metadata.
  *
  *  Written to a hidden temporary file beside the destination, flushed to disk, then renamed into
  *  place, so a crash mid-save leaves the previous checkpoint whole; the temporary files of saves
@@ -25,7 +26,8 @@
 #define UFORM_FORMAT "uform/1"
 #define UFORM_BAD(...) uform_fail(error, uform_status_invalid_checkpoint_k, __VA_ARGS__)
 
-/* The three families of tensors a checkpoint holds, each with the layout's names behind its prefix. */
+/* The three families of tensors a checkpoint holds, each with the layout's names behind its prefix; a
+   weights-only checkpoint holds the first alone. */
 static char const* const uform_families[3] = {"", "adamw.first.", "adamw.second."};
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -151,11 +153,14 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
     uform_text_t header = {0};
     char step_text[32];
     snprintf(step_text, sizeof(step_text), "%llu", (unsigned long long)step);
-    int ok = uform_text_print(&header, "{\"__metadata__\": {\"format\": \"" UFORM_FORMAT "\", \"step\": \"%s\", \"config\": ",
-                              step_text) &&
+    /* Without moments the file says so, so that no run resumes from it as if AdamW had no history. */
+    int families_count = first && second ? 3 : 1;
+    char const* weights_only = families_count == 1 ? "\"weights_only\": \"true\", " : "";
+    int ok = uform_text_print(&header, "{\"__metadata__\": {\"format\": \"" UFORM_FORMAT "\", \"step\": \"%s\", %s\"config\": ",
+                              step_text, weights_only) &&
              uform_text_quote(&header, config_json) && uform_text_append(&header, "}", 1);
     size_t offset = 0;
-    for (int family = 0; family != 3 && ok; ++family)
+    for (int family = 0; family != families_count && ok; ++family)
         for (size_t i = 0; i != layout->count && ok; ++i) {
             uform_tensor_t const* tensor = &layout->tensors[i];
             ok = uform_text_print(&header, ", \"%s%s\": {\"dtype\": \"F32\", \"shape\": ", uform_families[family],
@@ -202,7 +207,7 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
     reason = uform_write_all(file, length_bytes, 8);
     if (!reason) reason = uform_write_all(file, header.data, header.length);
     float const* families[3] = {weights, first, second};
-    for (int family = 0; family != 3 && !reason; ++family)
+    for (int family = 0; family != families_count && !reason; ++family)
         for (size_t i = 0; i != layout->count && !reason; ++i)
             reason = uform_write_all(file, families[family] + layout->tensors[i].offset,
                                      uform_tensor_bytes(&layout->tensors[i]));
@@ -523,11 +528,12 @@ typedef struct uform_header_t {
     char format[32];
     char config[4096];
     uint64_t step;
-    unsigned given;         /* bits: 1 __metadata__, 2 format, 4 step, 8 config */
+    int weights_only;       /* the moments are absent by design, not lost */
+    unsigned given;         /* bits: 1 __metadata__, 2 format, 4 step, 8 config, 16 weights_only */
     uint64_t data_start, data_size;
 } uform_header_t;
 
-/* Reads `__metadata__`: an object of strings, of which format, step and config are read. */
+/* Reads `__metadata__`: an object of strings, of which format, step, config and weights_only are read. */
 static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
     if (!uform_json_expect(json, '{')) return 0;
     if (uform_json_take(json, '}')) return 1;
@@ -535,7 +541,11 @@ static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
         char key[32], value[32];
         size_t length, value_length;
         if (!uform_json_string(json, key, sizeof(key), &length) || !uform_json_expect(json, ':')) return 0;
-        unsigned bit = !strcmp(key, "format") ? 2 : !strcmp(key, "step") ? 4 : !strcmp(key, "config") ? 8 : 0;
+        unsigned bit = !strcmp(key, "format")         ? 2
+                       : !strcmp(key, "step")         ? 4
+                       : !strcmp(key, "config")       ? 8
+                       : !strcmp(key, "weights_only") ? 16
+                                                      : 0;
         if (length >= sizeof(key)) bit = 0;
         if (bit & header->given) return uform_json_fail(json, "__metadata__.%s is given twice", key);
         header->given |= bit;
@@ -562,6 +572,12 @@ static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
                                        value_length < sizeof(value) ? "" : "...");
             if (header->step >= (1ull << 63))
                 return uform_json_fail(json, "__metadata__.step %llu is past 2^63", (unsigned long long)header->step);
+        }
+        if (bit == 16) {
+            header->weights_only = !strcmp(value, "true");
+            if (!header->weights_only && strcmp(value, "false"))
+                return uform_json_fail(json, "__metadata__.weights_only \"%s%s\" is neither \"true\" nor \"false\"",
+                                       value, value_length < sizeof(value) ? "" : "...");
         }
     } while (uform_json_take(json, ','));
     return uform_json_expect(json, '}');
@@ -755,6 +771,7 @@ done:
 typedef struct uform_geometry_t {
     uint64_t depth, hidden, temperature_groups;
     uint64_t max_rows_per_device, max_segments_per_device, max_columns_per_row;
+    uint64_t late_width, late_span; /* a span of 0: the run trained no token head */
 } uform_geometry_t;
 
 /* One field of the config the reader wants: an integer, or an object of more such fields. */
@@ -804,12 +821,15 @@ static uform_status_t uform_geometry_read(uform_header_t const* header, uform_ge
                                           {"max_segments_per_device", &geometry->max_segments_per_device, NULL, 0},
                                           {"max_columns_per_row", &geometry->max_columns_per_row, NULL, 0}};
     uform_config_field_t const contrastive[] = {{"temperature_groups", &geometry->temperature_groups, NULL, 0}};
+    uform_config_field_t const late[] = {{"width", &geometry->late_width, NULL, 0},
+                                         {"max_query_span", &geometry->late_span, NULL, 0}};
     uform_config_field_t const top[] = {{"depth", &geometry->depth, NULL, 0},
                                         {"hidden", &geometry->hidden, NULL, 0},
                                         {"batch", NULL, batch, 3},
-                                        {"contrastive", NULL, contrastive, 1}};
+                                        {"contrastive", NULL, contrastive, 1},
+                                        {"late_interaction", NULL, late, 2}};
     uform_json_t json = {header->config, header->config, header->config + strlen(header->config), ""};
-    int ok = uform_config_object(&json, NULL, top, 4, 0);
+    int ok = uform_config_object(&json, NULL, top, 5, 0);
     uform_json_space(&json);
     if (ok && json.at != json.end) ok = uform_json_fail(&json, "bytes after the config's JSON object");
     if (!ok)
@@ -823,11 +843,11 @@ static uform_status_t uform_geometry_read(uform_header_t const* header, uform_ge
     return uform_status_success_k;
 }
 
-/* Finds each of the layout's tensors, in every family, as F32 of its shape; refuses any other tensor.
-   With the tiling checked, the data then is exactly the size the layout needs. */
+/* Finds each of the layout's tensors, in every family the file claims to hold, as F32 of its shape; refuses any
+   other tensor. With the tiling checked, the data then is exactly the size the layout needs. */
 static uform_status_t uform_tensors_match(uform_header_t* header, uform_layout_t const* layout, char const* what,
                                           char const* path, char const** error) {
-    for (int family = 0; family != 3; ++family)
+    for (int family = 0; family != (header->weights_only ? 1 : 3); ++family)
         for (size_t i = 0; i != layout->count; ++i) {
             uform_tensor_t const* tensor = &layout->tensors[i];
             uform_entry_t key;
@@ -851,7 +871,10 @@ static uform_status_t uform_tensors_match(uform_header_t* header, uform_layout_t
             entry->used = 1;
         }
     for (size_t k = 0; k != header->count; ++k)
-        if (!header->entries[k].used)
+        if (!header->entries[k].used && header->weights_only && !strncmp(header->entries[k].name, "adamw.", 6))
+            return UFORM_BAD("%s: %s says __metadata__.weights_only is \"true\" yet holds the moment %s", what, path,
+                             header->entries[k].name);
+        else if (!header->entries[k].used)
             return UFORM_BAD("%s: %s holds the tensor %s, which a model of depth %u, hidden %u and %u temperature "
                              "groups lacks",
                              what, path, header->entries[k].name, layout->depth, layout->hidden,
@@ -862,17 +885,18 @@ static uform_status_t uform_tensors_match(uform_header_t* header, uform_layout_t
 /* Reads one tensor and checks every value: weights and first moments finite, second moments finite
    and not negative. A run never saves anything else, and AdamW would spread any of it to every weight. */
 static uform_status_t uform_tensor_read(FILE* file, uform_header_t const* header, char const* name, int family,
-                                        float* values, size_t count, char const* path, char const** error) {
+                                        float* values, size_t count, char const* what, char const* path,
+                                        char const** error) {
     uform_entry_t key;
     snprintf(key.name, sizeof(key.name), "%s", name);
     uform_entry_t const* entry =
         header->count ? bsearch(&key, header->entries, header->count, sizeof(uform_entry_t), uform_entries_by_name) : NULL;
     if (!entry || fseeko(file, (off_t)(header->data_start + entry->begin), SEEK_SET) != 0 ||
         fread(values, sizeof(float), count, file) != count)
-        return UFORM_BAD("resume: %s ends inside %s; was it cut while being read?", path, name);
+        return UFORM_BAD("%s: %s ends inside %s; was it cut while being read?", what, path, name);
     for (size_t k = 0; k != count; ++k)
         if (!isfinite(values[k]) || (family == 2 && values[k] < 0))
-            return UFORM_BAD("resume: %s holds %g in %s at element %zu; %s", path, (double)values[k], name, k,
+            return UFORM_BAD("%s: %s holds %g in %s at element %zu; %s", what, path, (double)values[k], name, k,
                              family == 2 ? "second moments are finite and not negative" : "values are finite");
     return uform_status_success_k;
 }
@@ -903,6 +927,9 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     wanted.batch.max_rows_per_device = (uint32_t)geometry.max_rows_per_device;
     wanted.batch.max_segments_per_device = (uint32_t)geometry.max_segments_per_device;
     wanted.objective = uform_objective_contrastive_k, wanted.schedule.steps = 1;
+    if (geometry.late_span) /* the token head's tensors are in the file: the layout has them too */
+        wanted.late_interaction.weight = 1, wanted.late_interaction.width = (uint32_t)geometry.late_width,
+        wanted.late_interaction.max_query_span = (uint32_t)geometry.late_span;
     uform_config_t derived;
     char const* refusal = NULL;
     if (status == uform_status_success_k && uform_config_derive(&derived, &wanted, &refusal) != uform_status_success_k) {
@@ -912,7 +939,7 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     }
     uform_layout_t layout = {0};
     if (status == uform_status_success_k)
-        status = uform_layout_init(&layout, &wanted, error);
+        status = uform_layout_init(&layout, &derived.given, error);
     if (status == uform_status_success_k) status = uform_tensors_match(&header, &layout, "path", path, error);
     uform_layout_free(&layout);
     free(header.entries);
@@ -934,29 +961,36 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
 
 uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
                                      float* second, uint64_t* step, char const** error) {
+    char const* what = first ? "resume" : "path"; /* a run's config field, or an encoder's argument */
     FILE* file;
     uform_header_t header;
     uform_geometry_t geometry;
-    uform_status_t status = uform_checkpoint_open(path, "resume", &file, &header, error);
+    uform_status_t status = uform_checkpoint_open(path, what, &file, &header, error);
     if (status != uform_status_success_k) return status;
-    status = uform_geometry_read(&header, &geometry, "resume", path, error);
+    if (first && header.weights_only)
+        status = UFORM_BAD("resume: %s is a weights-only checkpoint: it holds no optimizer moments, so no run resumes "
+                           "from it; load it for inference with uform_encoder_load (Encoder.load in Python)",
+                           path);
+    if (status == uform_status_success_k) status = uform_geometry_read(&header, &geometry, what, path, error);
     struct { char const* key; uint64_t found, expected; } fields[] = {
         {"depth", geometry.depth, layout->depth},
         {"hidden", geometry.hidden, layout->hidden},
         {"temperature_groups", geometry.temperature_groups, layout->temperature_groups}};
     for (size_t i = 0; i != sizeof(fields) / sizeof(fields[0]) && status == uform_status_success_k; ++i)
         if (fields[i].found != fields[i].expected)
-            status = UFORM_BAD("resume: the checkpoint %s has %s = %llu, the config asks for %llu", path, fields[i].key,
+            status = UFORM_BAD("%s: the checkpoint %s has %s = %llu, the config asks for %llu", what, path, fields[i].key,
                                (unsigned long long)fields[i].found, (unsigned long long)fields[i].expected);
-    if (status == uform_status_success_k) status = uform_tensors_match(&header, layout, "resume", path, error);
+    if (status == uform_status_success_k) status = uform_tensors_match(&header, layout, what, path, error);
+    /* An encoder reads the weights alone: a whole checkpoint's moments had their names, shapes and places checked,
+       but their values are the resumed run's to judge. */
     float* families[3] = {weights, first, second};
-    for (int family = 0; family != 3 && status == uform_status_success_k; ++family)
+    for (int family = 0; family != (first ? 3 : 1) && status == uform_status_success_k; ++family)
         for (size_t i = 0; i != layout->count && status == uform_status_success_k; ++i) {
             uform_tensor_t const* tensor = &layout->tensors[i];
             char name[sizeof(header.entries->name)];
             snprintf(name, sizeof(name), "%s%s", uform_families[family], tensor->name);
             status = uform_tensor_read(file, &header, name, family, families[family] + tensor->offset,
-                                       tensor->rows * tensor->cols, path, error);
+                                       tensor->rows * tensor->cols, what, path, error);
         }
     if (status == uform_status_success_k) *step = header.step;
     free(header.entries);

@@ -196,6 +196,9 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         "\"contrastive\": {\"matryoshka_dimensions\": [%s], \"temperature_groups\": %u, "
         "\"inverse_temperature\": %.9g, \"bias\": %.9g, \"negatives\": %d, \"ambient_repulsion_weight\": %.9g, "
         "\"max_edges_per_device\": %u, \"pair_loss\": %d}, "
+        "\"late_interaction\": {\"weight\": %.9g, \"width\": %u, \"inverse_temperature\": %.9g, \"bias\": %.9g, "
+        "\"max_query_span\": %u, \"max_query_tokens_per_device\": %u, \"max_documents_per_device\": %u, "
+        "\"max_document_tokens_per_device\": %u, \"pair_loss\": %d}, \"choices\": {\"weight\": %.9g}, "
         "\"schedule\": {\"learning_rate\": %.9g, \"min_learning_rate\": %.9g, \"warmup_steps\": %llu, \"steps\": %llu}, "
         "\"optimizer\": {\"beta1\": %.9g, \"beta2\": %.9g, \"epsilon\": %.9g, \"weight_decay\": %.9g, "
         "\"clip_norm\": %.9g}}",
@@ -205,7 +208,11 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         (double)c->masking.replace_fraction, (double)c->masking.random_fraction, (double)c->masking.text_weight,
         dimensions, c->contrastive.temperature_groups, (double)c->contrastive.inverse_temperature,
         (double)c->contrastive.bias, (int)c->contrastive.negatives, (double)c->contrastive.ambient_repulsion_weight,
-        c->contrastive.max_edges_per_device, (int)c->contrastive.pair_loss, (double)c->schedule.learning_rate,
+        c->contrastive.max_edges_per_device, (int)c->contrastive.pair_loss, (double)c->late_interaction.weight,
+        c->late_interaction.width, (double)c->late_interaction.inverse_temperature, (double)c->late_interaction.bias,
+        c->late_interaction.max_query_span, c->late_interaction.max_query_tokens_per_device,
+        c->late_interaction.max_documents_per_device, c->late_interaction.max_document_tokens_per_device,
+        (int)c->late_interaction.pair_loss, (double)c->choices.weight, (double)c->schedule.learning_rate,
         (double)c->schedule.min_learning_rate, (unsigned long long)c->schedule.warmup_steps,
         (unsigned long long)c->schedule.steps, (double)config->beta1, (double)config->beta2, (double)config->epsilon,
         (double)config->weight_decay, (double)config->clip_norm);

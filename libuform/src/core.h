@@ -46,6 +46,19 @@ uform_status_t uform_handles_acquire(void* handle, uform_handle_kind_t kind, cha
 /** Drops one borrower of an object taken with `uform_handles_acquire`; NULL is ignored. */
 void uform_handles_release(void* object);
 
+/** The head of a trainer or an encoder: its handle, and the lock that runs its verbs one at a time. */
+typedef struct uform_serial_t {
+    uform_handle_t handle;
+    pthread_mutex_t lock;
+} uform_serial_t;
+
+/** Takes a trainer or an encoder (an object headed by `uform_serial_t`) for one verb: acquired like
+ *  `uform_handles_acquire`, so it cannot be freed meanwhile, then locked, so its verbs never interleave. */
+uform_status_t uform_handles_enter(void* handle, uform_handle_kind_t kind, char const* what, void** object,
+                                   char const** error);
+/** Unlocks and releases an object taken with `uform_handles_enter`. */
+void uform_handles_leave(void* object);
+
 typedef struct uform_executor_s {
     uform_handle_t handle;
     uform_backend_t const* backend;
@@ -174,7 +187,12 @@ typedef struct uform_block_activations_t {
     void* activated;   /* (tokens, 4 hidden) after GELU */
 } uform_block_activations_t;
 
-/** One replica: weights, gradients, moments and activations in one backend's memory. */
+/**
+ *  One replica: weights, gradients, moments and activations in one backend's memory. A replica for inference
+ *  takes only what the forward pass and pooling read: the weights (and their compute copy), one block's
+ *  activations that every block reuses, the final states, the pooled means and the uploaded items; the
+ *  other buffers stay NULL.
+ */
 typedef struct uform_replica_t {
     uform_backend_t const* backend;
     void* context;
@@ -221,10 +239,26 @@ typedef struct uform_replica_t {
     size_t buffers_count;
 } uform_replica_t;
 
-/** Makes the backend's context for the config's capacities and takes every buffer a step needs. */
+/** Makes the backend's context for the config's capacities and takes every buffer a training step needs, or
+ *  with `training` 0 what `uform_model_embed` needs. */
 uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
-                                  uform_layout_t const* layout, uform_config_t const* config, char const** error);
+                                  uform_layout_t const* layout, uform_config_t const* config, int training,
+                                  char const** error);
 void uform_replica_free(uform_replica_t* replica);
+/** Bytes of the backend's memory the replica's buffers take: not the backend's own scratch. */
+size_t uform_replica_bytes(uform_replica_t const* replica);
+/** Queues the upload of `layout.total` float32 weights and refreshes the compute copy from them: keep `weights`
+ *  unchanged until the backend synchronizes. */
+uform_status_t uform_replica_upload_weights(uform_replica_t* replica, uform_layout_t const* layout,
+                                            float const* weights);
+
+/** What a trainer and an encoder both start from: the config derived from `given`, its layout, a replica (for
+ *  training, or with `training` 0 for inference) and the packed batch's host buffers. On failure the caller
+ *  still closes what was made. */
+uform_status_t uform_model_open(uform_executor_s const* executor, uform_trainer_init_vram_t const* given, int training,
+                                uform_config_t* config, uform_layout_t* layout, uform_replica_t* replica,
+                                uform_packed_t* packed, char const** error);
+void uform_model_close(uform_layout_t* layout, uform_replica_t* replica, uform_packed_t* packed);
 
 /** Uploads a packed batch, runs the forward pass and pools each item's final states. */
 uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
@@ -242,26 +276,27 @@ uform_status_t uform_model_upload(uform_replica_t* replica, uform_packed_t const
 uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout,
                                      uform_config_t const* config, uform_packed_t const* packed);
 
+/** Lands `items` float32 embeddings (items, hidden) from the replica's `source` in the caller's `out` as `scalar`,
+ *  normalizing them on the way when `normalize`: a step's scored embeddings and an encoder's alike. */
+uform_status_t uform_embeddings_export(uform_replica_t const* replica, float const* source, size_t items,
+                                       size_t hidden, int normalize, void* out, uform_scalar_t scalar,
+                                       char const** error);
+
 /* ---------------------------------------------------------------------------------------------- */
 /*  Checkpoints                                                                                    */
 /* ---------------------------------------------------------------------------------------------- */
 
-/** Writes weights and moments with `metadata` JSON pairs into `path`, atomically. */
+/** Writes weights and moments, the step and the config's JSON into `path`, atomically; with `first` and `second`
+ *  NULL, the weights alone, marked weights-only. */
 uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* layout, float const* weights,
                                      float const* first, float const* second, uint64_t step,
                                      char const* config_json, char const** error);
-/** Reads a checkpoint written for `layout`; refuses other geometries by name. */
+/** Reads a checkpoint written for `layout` to resume it; refuses other geometries, and weights-only files, by name.
+ *  With `first` and `second` NULL reads the weights alone, of either kind of file, for an encoder. */
 uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
                                      float* second, uint64_t* step, char const** error);
 
 /** Reads the geometry a checkpoint was trained with out of its metadata. */
 uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error);
-
-/** Starts or resumes a run on an executor of either kind: `vram` 0 or 1 insists on one, -1 takes either. */
-uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uform_trainer_init_vram_t const* config,
-                                  uform_mesh_t mesh, uform_trainer_t* trainer, char const** error);
-
-/** Unmasked pooled embeddings of `count` items from `first` on, packed to fit, landed in `out`. */
-uform_status_t uform_trainer_embed(uform_trainer_t trainer, uform_encoder_embed_t* embed, char const** error);
 
 #endif /* UFORM_CORE_H_ */

@@ -1,8 +1,10 @@
 /**
  *  @file   encoder.c
- *  @brief  Checkpoints loaded for inference, on a RAM or VRAM executor. An encoder is a trainer
- *          resumed from the file's own geometry that only ever runs the forward pass, so training and inference share one
- *          sequence of operations and score items identically.
+ *  @brief  Checkpoints loaded for inference, on a RAM or VRAM executor.
+ *
+ *  An encoder runs `model.c`'s forward pass, as training does, so both score items identically. It holds
+ *  only what that pass reads: the weights (and on a bfloat16 backend their compute copy) and one block's
+ *  activations that every block reuses, not the gradients, moments and saved activations of a trainer.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -10,50 +12,148 @@
 #include "core.h"
 
 typedef struct uform_encoder_s {
-    uform_handle_t handle;
-    uform_trainer_t trainer;
-    size_t hidden;
+    uform_serial_t serial; /* embeds on one encoder share its packed batch and activations: one at a time */
+    uform_executor_s* executor; /* borrowed until the encoder is freed */
+    uform_config_t config;
+    uform_layout_t layout;
+    uform_packed_t packed;
+    uform_replica_t replica;
 } uform_encoder_s;
+
+static void uform_encoder_release(uform_encoder_s* encoder) {
+    uform_model_close(&encoder->layout, &encoder->replica, &encoder->packed);
+    pthread_mutex_destroy(&encoder->serial.lock);
+    free(encoder);
+}
+
+/* Reads the weights, whichever kind of checkpoint holds them, and moves them to the device. */
+static uform_status_t uform_encoder_start(uform_encoder_s* encoder, char const* path, char const** error) {
+    uform_replica_t* replica = &encoder->replica;
+    uint64_t step;
+    float* weights = calloc(encoder->layout.total, sizeof(float)); /* zero between tensors, as a trainer's are */
+    if (!weights)
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory to read %zu weights", encoder->layout.total);
+    uform_status_t status = uform_checkpoint_load(path, &encoder->layout, weights, NULL, NULL, &step, error);
+    if (status == uform_status_success_k) {
+        status = uform_replica_upload_weights(replica, &encoder->layout, weights);
+        if (status == uform_status_success_k) status = replica->backend->synchronize(replica->context);
+        if (status != uform_status_success_k && error) *error = uform_message();
+    }
+    free(weights);
+    return status;
+}
+
+/* Makes an encoder on an executor the caller has acquired, for the geometry the checkpoint records. */
+static uform_status_t uform_encoder_make(uform_executor_s* executor, char const* path,
+                                         uform_trainer_init_vram_t const* geometry, uform_encoder_s** encoder,
+                                         char const** error) {
+    uform_encoder_s* made = calloc(1, sizeof(uform_encoder_s));
+    if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for an encoder");
+    pthread_mutex_init(&made->serial.lock, NULL);
+    made->executor = executor;
+    uform_status_t status = uform_model_open(executor, geometry, 0, &made->config, &made->layout, &made->replica,
+                                             &made->packed, error);
+    if (status == uform_status_success_k) status = uform_encoder_start(made, path, error);
+    if (status != uform_status_success_k) uform_encoder_release(made);
+    else *encoder = made;
+    return status;
+}
 
 uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, uform_encoder_t* encoder,
                                   size_t* hidden, char const** error) {
     if (!path) return uform_fail(error, uform_status_invalid_argument_k, "path: NULL");
     if (!encoder) return uform_fail(error, uform_status_invalid_argument_k, "encoder: NULL output pointer");
-    uform_trainer_init_vram_t config;
-    memset(&config, 0, sizeof(config));
-    uform_status_t status = uform_checkpoint_config(path, &config, error);
+    uform_trainer_init_vram_t geometry;
+    memset(&geometry, 0, sizeof(geometry));
+    uform_status_t status = uform_checkpoint_config(path, &geometry, error);
     if (status != uform_status_success_k) return status;
-    config.resume = path;
-    config.objective = uform_objective_contrastive_k; /* no masking: inference sees items whole */
-    config.schedule.steps = 1;
-    uform_encoder_s* made = calloc(1, sizeof(uform_encoder_s));
-    if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for an encoder");
-    made->hidden = config.hidden;
-    status = uform_trainer_init(executor, -1, &config, NULL, &made->trainer, error);
+    /* Borrowed for the encoder's life, so freeing the executor meanwhile answers busy. */
+    void* devices = NULL;
+    uform_encoder_s* made = NULL;
+    status = uform_handles_acquire(executor, uform_handle_executor_k, "executor", &devices, error);
+    if (status == uform_status_success_k) status = uform_encoder_make(devices, path, &geometry, &made, error);
     if (status == uform_status_success_k) status = uform_handles_add(made, uform_handle_encoder_k, encoder, error);
     if (status != uform_status_success_k) {
-        if (made->trainer) uform_trainer_free(made->trainer, NULL);
-        free(made);
+        if (made) uform_encoder_release(made);
+        uform_handles_release(devices);
         return status;
     }
-    if (hidden) *hidden = made->hidden;
+    if (hidden) *hidden = made->layout.hidden;
     return uform_status_success_k;
 }
 
-uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error) {
-    void* object;
-    uform_status_t status = uform_handles_acquire(encoder, uform_handle_encoder_k, "encoder", &object, error);
-    if (status != uform_status_success_k) return status;
-    status = uform_trainer_embed(((uform_encoder_s*)object)->trainer, embed, error);
-    uform_handles_release(object);
+static size_t uform_scalar_bytes(uform_scalar_t scalar) {
+    return scalar == uform_scalar_f32_k ? 4 : scalar == uform_scalar_i8_k ? 1 : 2;
+}
+
+/* Embeds the items in chunks that fit the replica, landing each chunk's rows where they belong in `embed`. */
+static uform_status_t uform_encoder_chunks(uform_encoder_s* encoder, uform_encoder_embed_t* embed, char const** error) {
+    uform_batch_shape_t const* shape = &encoder->config.given.batch;
+    size_t hidden = encoder->layout.hidden, count = embed->count;
+    uform_status_t status = uform_status_success_k;
+    embed->truncated_items = 0;
+    /* First fit never leaves two rows half empty, so items filling at most half the rows always fit. */
+    uint64_t budget = (uint64_t)shape->max_rows_per_device * shape->max_columns_per_row / 2;
+    for (size_t first = 0; first < count && status == uform_status_success_k;) {
+        size_t chunk = 0;
+        uint64_t tokens = 0;
+        while (first + chunk < count && chunk < shape->max_segments_per_device) {
+            uint64_t begin = embed->contents.offsets[first + chunk], end = embed->contents.offsets[first + chunk + 1];
+            uint64_t length = end > begin ? end - begin : 0; /* the packing below refuses what does not ascend */
+            if (length > shape->max_columns_per_row) length = shape->max_columns_per_row;
+            if (chunk && tokens + length > budget) break;
+            tokens += length, ++chunk;
+        }
+        uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk, embed->contents.size};
+        status = uform_batch_pack_plain(&encoder->packed, &encoder->config, embed->modalities + first, &part, first,
+                                        error);
+        if (status != uform_status_success_k) break;
+        embed->truncated_items += encoder->packed.truncated;
+        status = uform_model_embed(&encoder->replica, &encoder->layout, &encoder->packed);
+        if (status != uform_status_success_k) {
+            if (error) *error = uform_message();
+            break;
+        }
+        status = uform_embeddings_export(&encoder->replica, encoder->replica.pooled, chunk, hidden, 1,
+                                         (char*)embed->embeddings + first * hidden * uform_scalar_bytes(embed->embeddings_scalar),
+                                         embed->embeddings_scalar, error);
+        first += chunk;
+    }
     return status;
 }
 
-uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error) {
-    void* object;
-    uform_status_t status = uform_handles_remove(encoder, uform_handle_encoder_k, "encoder", &object, error);
+uform_status_t uform_encoder_embed(uform_encoder_t handle, uform_encoder_embed_t* embed, char const** error) {
+    if (!embed) return uform_fail(error, uform_status_invalid_argument_k, "embed: NULL");
+    if ((unsigned)embed->embeddings_scalar > uform_scalar_i8_k)
+        return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings_scalar: %d is not a scalar type",
+                          (int)embed->embeddings_scalar);
+    if (!embed->embeddings) return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings: NULL");
+    if (!embed->modalities || !embed->contents.offsets || embed->contents.count != embed->count)
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "embed: needs %zu modalities and a tape of as many contents", embed->count);
+    void* encoder;
+    uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
-    uform_trainer_free(((uform_encoder_s*)object)->trainer, NULL);
-    free(object);
+    status = uform_encoder_chunks(encoder, embed, error);
+    uform_handles_leave(encoder);
+    return status;
+}
+
+uform_status_t uform_encoder_memory(uform_encoder_t handle, size_t* bytes, char const** error) {
+    void* encoder;
+    uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
+    if (status != uform_status_success_k) return status;
+    if (bytes) *bytes = uform_replica_bytes(&((uform_encoder_s*)encoder)->replica);
+    uform_handles_leave(encoder);
+    return status;
+}
+
+uform_status_t uform_encoder_free(uform_encoder_t handle, char const** error) {
+    void* object;
+    uform_status_t status = uform_handles_remove(handle, uform_handle_encoder_k, "encoder", &object, error);
+    if (status != uform_status_success_k) return status;
+    uform_encoder_s* encoder = object;
+    uform_handles_release(encoder->executor);
+    uform_encoder_release(encoder);
     return uform_status_success_k;
 }

@@ -131,3 +131,15 @@ void uform_handles_release(void* object) {
     ((uform_handle_t*)object)->borrowers--;
     pthread_mutex_unlock(&uform_handles_lock);
 }
+
+uform_status_t uform_handles_enter(void* handle, uform_handle_kind_t kind, char const* what, void** object,
+                                   char const** error) {
+    uform_status_t status = uform_handles_acquire(handle, kind, what, object, error);
+    if (status == uform_status_success_k) pthread_mutex_lock(&((uform_serial_t*)*object)->lock);
+    return status;
+}
+
+void uform_handles_leave(void* object) {
+    pthread_mutex_unlock(&((uform_serial_t*)object)->lock);
+    uform_handles_release(object);
+}

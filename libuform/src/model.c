@@ -26,18 +26,16 @@ struct uform_buffer_t {
 };
 typedef struct uform_buffer_t uform_buffer_t;
 
+/* What the forward pass and pooling read comes first: inference takes that alone, with one block's activations. */
 static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* layout, uform_plan_t const* plan,
-                                    size_t choices, size_t statistics, uform_buffer_t* list) {
+                                    size_t choices, size_t statistics, int training, uform_buffer_t* list) {
     size_t act = uform_element_bytes(r->backend->activations), n = 0;
     size_t tokens = plan->tokens, segments = plan->segments, h = plan->hidden, wide = uform_mlp_ratio_k * h;
     size_t floats = sizeof(float), words = sizeof(uint32_t), total = layout->total;
 #define UFORM_BUFFER(field, size) list[n].pointer = (void**)&(field), list[n++].bytes = (size)
     UFORM_BUFFER(r->weights, total * floats);
-    UFORM_BUFFER(r->gradients, total * floats);
-    UFORM_BUFFER(r->first, total * floats);
-    UFORM_BUFFER(r->second, total * floats);
     if (r->backend->activations != uform_element_f32_k) UFORM_BUFFER(r->compute, total * act);
-    for (uint32_t l = 0; l != r->depth; ++l) {
+    for (uint32_t l = 0; l != (training ? r->depth : 1); ++l) {
         uform_block_activations_t* a = &r->blocks[l];
         UFORM_BUFFER(a->input, tokens * h * act);
         UFORM_BUFFER(a->rstd1, tokens * floats);
@@ -51,9 +49,17 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
         UFORM_BUFFER(a->up, tokens * wide * act);
         UFORM_BUFFER(a->activated, tokens * wide * act);
     }
-    UFORM_BUFFER(r->output, tokens * h * act);
     UFORM_BUFFER(r->final_rstd, tokens * floats);
     UFORM_BUFFER(r->final, tokens * h * act);
+    UFORM_BUFFER(r->pooled, segments * h * floats);
+    UFORM_BUFFER(r->ids, tokens * words);
+    UFORM_BUFFER(r->positions, tokens * words);
+    UFORM_BUFFER(r->segments, segments * sizeof(uform_segment_t));
+    if (!training) return n;
+    UFORM_BUFFER(r->gradients, total * floats);
+    UFORM_BUFFER(r->first, total * floats);
+    UFORM_BUFFER(r->second, total * floats);
+    UFORM_BUFFER(r->output, tokens * h * act);
     UFORM_BUFFER(r->d_final, tokens * h * act);
     UFORM_BUFFER(r->d_stream, tokens * h * act);
     UFORM_BUFFER(r->d_hidden, tokens * h * act);
@@ -62,19 +68,15 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->masked_states, tokens * h * act);
     UFORM_BUFFER(r->logits, tokens * uform_bytes_k * act);
     UFORM_BUFFER(r->d_logits, tokens * uform_bytes_k * act);
-    UFORM_BUFFER(r->pooled, segments * h * floats);
     UFORM_BUFFER(r->d_pooled, segments * h * floats);
     UFORM_BUFFER(r->normalized, segments * h * floats);
     UFORM_BUFFER(r->scalars, uform_scalars_k * sizeof(double));
     UFORM_BUFFER(r->scored, 2 * (size_t)layout->temperature_groups * floats);
-    UFORM_BUFFER(r->ids, tokens * words);
-    UFORM_BUFFER(r->positions, tokens * words);
     UFORM_BUFFER(r->masked, tokens * words);
     UFORM_BUFFER(r->targets, tokens * words);
     UFORM_BUFFER(r->order, tokens * words);
     UFORM_BUFFER(r->order_offsets, (uform_vocabulary_k + 1) * words);
     UFORM_BUFFER(r->groups, segments * words);
-    UFORM_BUFFER(r->segments, segments * sizeof(uform_segment_t));
     UFORM_BUFFER(r->cells, segments * segments);
     UFORM_BUFFER(r->cell_weights, segments * segments * floats);
     size_t late = plan->pairs != 0, edges = plan->pairs, width = late * r->late_width;
@@ -100,7 +102,8 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
 enum { uform_replica_buffers_k = 63 }; /* fixed buffers beside 11 per block */
 
 uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
-                                  uform_layout_t const* layout, uform_config_t const* config, char const** error) {
+                                  uform_layout_t const* layout, uform_config_t const* config, int training,
+                                  char const** error) {
     uform_backend_t const* backend = executor->backend;
     uform_batch_shape_t const* batch = &config->given.batch;
     uform_late_interaction_t const* late = &config->given.late_interaction;
@@ -109,10 +112,10 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                          .columns = batch->max_columns_per_row,
                          .hidden = layout->hidden,
                          .heads = layout->heads,
-                         .contrastive = config->given.objective != uform_objective_masked_k,
-                         .pairs = late->weight > 0 ? config->given.contrastive.max_edges_per_device : 0,
-                         .query_span = late->weight > 0 ? late->max_query_span : 0,
-                         .layout = layout};
+                         .contrastive = training && config->given.objective != uform_objective_masked_k,
+                         .pairs = training && late->weight > 0 ? config->given.contrastive.max_edges_per_device : 0,
+                         .query_span = training && late->weight > 0 ? late->max_query_span : 0,
+                         .layout = training ? layout : NULL};
     memset(replica, 0, sizeof(*replica));
     replica->backend = backend;
     replica->capacity_tokens = plan.tokens, replica->capacity_segments = plan.segments;
@@ -127,7 +130,7 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                           layout->depth);
     }
     size_t count = uform_replica_buffers(replica, layout, &plan, batch->max_choices_per_item,
-                                         backend->statistics_floats(&plan), replica->buffers);
+                                         backend->statistics_floats(&plan), training, replica->buffers);
     size_t total = 0, asked = 0;
     for (size_t i = 0; i != count; ++i) total += replica->buffers[i].bytes;
     for (; replica->buffers_count != count && status == uform_status_success_k; ++replica->buffers_count) {
@@ -143,7 +146,44 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                           backend->name, layout->depth, plan.hidden, plan.tokens, total, asked);
     }
     if (!replica->compute) replica->compute = replica->weights; /* float32 backends' products read the masters */
+    /* Inference keeps no block's activations for a backward pass, so every block overwrites the first's in turn:
+       a block reads its own input only before it writes the next block's, which is that same buffer. */
+    for (uint32_t l = 1; !training && l < layout->depth; ++l) replica->blocks[l] = replica->blocks[0];
+    if (!training) replica->output = replica->blocks[0].input;
     return uform_status_success_k;
+}
+
+uform_status_t uform_model_open(uform_executor_s const* executor, uform_trainer_init_vram_t const* given, int training,
+                                uform_config_t* config, uform_layout_t* layout, uform_replica_t* replica,
+                                uform_packed_t* packed, char const** error) {
+    uform_status_t status = uform_config_derive(config, given, error);
+    uform_trainer_init_vram_t const* c = &config->given;
+    if (status == uform_status_success_k)
+        status = uform_layout_init(layout, c, error);
+    if (status == uform_status_success_k) status = uform_replica_init(replica, executor, layout, config, training, error);
+    if (status == uform_status_success_k)
+        status = uform_packed_init(packed, config, replica->backend, replica->context, error);
+    return status;
+}
+
+void uform_model_close(uform_layout_t* layout, uform_replica_t* replica, uform_packed_t* packed) {
+    uform_packed_free(packed);
+    uform_replica_free(replica);
+    uform_layout_free(layout);
+}
+
+size_t uform_replica_bytes(uform_replica_t const* replica) {
+    size_t bytes = 0;
+    for (size_t i = 0; i != replica->buffers_count; ++i) bytes += replica->buffers[i].bytes;
+    return bytes;
+}
+
+uform_status_t uform_replica_upload_weights(uform_replica_t* replica, uform_layout_t const* layout,
+                                            float const* weights) {
+    uform_backend_t const* b = replica->backend;
+    UFORM_TRY(b->upload(replica->context, replica->weights, weights, layout->total * sizeof(float)));
+    return b->convert ? b->convert(replica->context, replica->compute, replica->weights, layout->total)
+                      : uform_status_success_k;
 }
 
 void uform_replica_free(uform_replica_t* replica) {

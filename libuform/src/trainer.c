@@ -1,6 +1,6 @@
 /**
  *  @file   trainer.c
- *  @brief  The trainer's verbs: start or resume a run, step, save, free.
+ *  @brief  The trainer's verbs: start or resume a run, step, save (whole, or the weights alone), free.
  *
  *  A step is four passes over device-sized buffers: pack (host), forward, losses, backward
  *  (`model.c`, on the backend), then the update: one global gradient norm, a skip when anything
@@ -15,8 +15,7 @@
 #include "core.h"
 
 typedef struct uform_trainer_s {
-    uform_handle_t handle;
-    pthread_mutex_t lock;
+    uform_serial_t serial;
     uform_executor_s* executor;
     uform_mesh_s* mesh;
     uform_config_t config;
@@ -28,10 +27,8 @@ typedef struct uform_trainer_s {
 } uform_trainer_s;
 
 static void uform_trainer_release(uform_trainer_s* trainer) {
-    uform_packed_free(&trainer->packed);
-    uform_replica_free(&trainer->replica);
-    uform_layout_free(&trainer->layout);
-    pthread_mutex_destroy(&trainer->lock);
+    uform_model_close(&trainer->layout, &trainer->replica, &trainer->packed);
+    pthread_mutex_destroy(&trainer->serial.lock);
     free(trainer);
 }
 
@@ -61,11 +58,9 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
         }
     }
     void* context = replica->context;
-    if (status == uform_status_success_k) status = backend->upload(context, replica->weights, weights, bytes);
+    if (status == uform_status_success_k) status = uform_replica_upload_weights(replica, layout, weights);
     if (status == uform_status_success_k) status = backend->upload(context, replica->first, first, bytes);
     if (status == uform_status_success_k) status = backend->upload(context, replica->second, second, bytes);
-    if (status == uform_status_success_k && backend->convert)
-        status = backend->convert(context, replica->compute, replica->weights, layout->total);
     if (status == uform_status_success_k) status = backend->synchronize(context); /* before `host` goes */
     if (status != uform_status_success_k && error && !*error) *error = uform_message();
     free(host);
@@ -80,16 +75,10 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     if (!trainer) return uform_fail(error, uform_status_invalid_argument_k, "trainer: NULL output pointer");
     uform_trainer_s* made = calloc(1, sizeof(uform_trainer_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for a trainer");
-    pthread_mutex_init(&made->lock, NULL);
+    pthread_mutex_init(&made->serial.lock, NULL);
     made->executor = executor, made->mesh = mesh;
-    uform_status_t status = uform_config_derive(&made->config, config, error);
-    uform_trainer_init_vram_t const* c = &made->config.given;
-    if (status == uform_status_success_k)
-        status = uform_layout_init(&made->layout, c, error);
-    if (status == uform_status_success_k)
-        status = uform_replica_init(&made->replica, made->executor, &made->layout, &made->config, error);
-    if (status == uform_status_success_k)
-        status = uform_packed_init(&made->packed, &made->config, made->replica.backend, made->replica.context, error);
+    uform_status_t status = uform_model_open(executor, config, 1, &made->config, &made->layout, &made->replica,
+                                             &made->packed, error);
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
     if (status == uform_status_success_k) {
         uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
@@ -100,15 +89,15 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
 }
 
 /* Both verbs share one path: the executor's kind decides the backend, and the verb only checks it was the one meant. */
-uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uform_trainer_init_vram_t const* config,
-                                  uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
+static uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uform_trainer_init_vram_t const* config,
+                                         uform_mesh_t mesh, uform_trainer_t* trainer, char const** error) {
     /* Both are borrowed before anything reads them, so a free racing this call answers busy, never
        frees them under it. */
     void *devices = NULL, *peers = NULL;
     uform_status_t status = uform_handles_acquire(executor, uform_handle_executor_k, "executor", &devices, error);
     if (status == uform_status_success_k) {
         int is_vram = ((uform_executor_s*)devices)->backend != &uform_ram_backend;
-        if (vram >= 0 && is_vram != vram)
+        if (is_vram != vram)
             status = uform_fail(error, uform_status_invalid_argument_k, "executor: a %s executor; use uform_trainer_init_%s",
                                 is_vram ? "VRAM" : "RAM", is_vram ? "vram" : "ram");
     }
@@ -131,18 +120,13 @@ uform_status_t uform_trainer_init_vram(uform_executor_t executor, uform_trainer_
 
 /* Takes the trainer for one verb: checked live, counted as borrowed so it cannot be freed meanwhile, locked. */
 static uform_status_t uform_trainer_enter(uform_trainer_t handle, uform_trainer_s** trainer, char const** error) {
-    void* object;
-    uform_status_t status = uform_handles_acquire(handle, uform_handle_trainer_k, "trainer", &object, error);
-    if (status != uform_status_success_k) return status;
+    void* object = NULL;
+    uform_status_t status = uform_handles_enter(handle, uform_handle_trainer_k, "trainer", &object, error);
     *trainer = object;
-    pthread_mutex_lock(&(*trainer)->lock);
     return status;
 }
 
-static void uform_trainer_leave(uform_trainer_s* trainer) {
-    pthread_mutex_unlock(&trainer->lock);
-    uform_handles_release(trainer);
-}
+static void uform_trainer_leave(uform_trainer_s* trainer) { uform_handles_leave(trainer); }
 
 /* Reads the step's scalars and scored temperatures once, after the backend has synchronized. */
 static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_terms_t terms,
@@ -203,11 +187,9 @@ static uint16_t uform_f32_to_bf16(float value) {
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
-/* Lands `items` embeddings from the device in the caller's memory as the scalar asked for, normalizing
-   them on the way when the backend left raw means. */
-static uform_status_t uform_embeddings_export(uform_replica_t const* replica, float const* source, size_t items,
-                                              size_t hidden, int normalize, void* out, uform_scalar_t scalar,
-                                              char const** error) {
+uform_status_t uform_embeddings_export(uform_replica_t const* replica, float const* source, size_t items,
+                                       size_t hidden, int normalize, void* out, uform_scalar_t scalar,
+                                       char const** error) {
     size_t count = items * hidden;
     float* values = malloc(count * sizeof(float) + 1);
     if (!values)
@@ -237,10 +219,6 @@ static uform_status_t uform_embeddings_export(uform_replica_t const* replica, fl
         }
     free(values);
     return uform_status_success_k;
-}
-
-static size_t uform_scalar_bytes(uform_scalar_t scalar) {
-    return scalar == uform_scalar_f32_k ? 4 : scalar == uform_scalar_i8_k ? 1 : 2;
 }
 
 /* An operation's failure carries its message in this thread's storage: hand it to the caller. */
@@ -364,7 +342,8 @@ uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, siz
     return status;
 }
 
-uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char const** error) {
+/* Writes the weights, and the moments when `moments`, beside the step and the config. */
+static uform_status_t uform_trainer_write(uform_trainer_t handle, char const* path, int moments, char const** error) {
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
@@ -372,68 +351,40 @@ uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char
         uform_trainer_leave(trainer);
         return uform_status_success_k;
     }
-    size_t total = trainer->layout.total;
-    float* host = malloc(3 * total * sizeof(float));
+    size_t total = trainer->layout.total, families = moments ? 3 : 1;
+    float* host = malloc(families * total * sizeof(float));
     if (!host) status = uform_fail(error, uform_status_out_of_memory_k, "no memory to stage %zu weights", total);
     else {
         uform_replica_t const* replica = &trainer->replica;
         uform_backend_t const* backend = replica->backend;
+        float *first = moments ? host + total : NULL, *second = moments ? host + 2 * total : NULL;
         status = backend->download(replica->context, host, replica->weights, total * sizeof(float));
-        if (status == uform_status_success_k)
-            status = backend->download(replica->context, host + total, replica->first, total * sizeof(float));
-        if (status == uform_status_success_k)
-            status = backend->download(replica->context, host + 2 * total, replica->second, total * sizeof(float));
+        if (status == uform_status_success_k && moments)
+            status = backend->download(replica->context, first, replica->first, total * sizeof(float));
+        if (status == uform_status_success_k && moments)
+            status = backend->download(replica->context, second, replica->second, total * sizeof(float));
         if (status != uform_status_success_k) uform_trainer_failed(status, error);
-        else status = uform_checkpoint_save(path, &trainer->layout, host, host + total, host + 2 * total, trainer->step,
-                                       trainer->config_json, error);
+        else status = uform_checkpoint_save(path, &trainer->layout, host, first, second, trainer->step,
+                                            trainer->config_json, error);
         free(host);
     }
     uform_trainer_leave(trainer);
     return status;
 }
 
-uform_status_t uform_trainer_embed(uform_trainer_t handle, uform_encoder_embed_t* embed, char const** error) {
-    if (!embed) return uform_fail(error, uform_status_invalid_argument_k, "embed: NULL");
-    if ((unsigned)embed->embeddings_scalar > uform_scalar_i8_k)
-        return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings_scalar: %d is not a scalar type",
-                          (int)embed->embeddings_scalar);
-    if (!embed->embeddings) return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings: NULL");
-    if (!embed->modalities || !embed->contents.offsets || embed->contents.count != embed->count)
-        return uform_fail(error, uform_status_invalid_argument_k,
-                          "embed: needs %zu modalities and a tape of as many contents", embed->count);
+uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char const** error) {
+    return uform_trainer_write(handle, path, 1, error);
+}
+
+uform_status_t uform_trainer_save_weights(uform_trainer_t handle, char const* path, char const** error) {
+    return uform_trainer_write(handle, path, 0, error);
+}
+
+uform_status_t uform_trainer_memory(uform_trainer_t handle, size_t* bytes, char const** error) {
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    uform_batch_shape_t const* shape = &trainer->config.given.batch;
-    size_t hidden = trainer->layout.hidden, count = embed->count;
-    embed->truncated_items = 0;
-    /* First fit never leaves two rows half empty, so items filling at most half the rows always fit. */
-    uint64_t budget = (uint64_t)shape->max_rows_per_device * shape->max_columns_per_row / 2;
-    for (size_t first = 0; first < count && status == uform_status_success_k;) {
-        size_t chunk = 0;
-        uint64_t tokens = 0;
-        while (first + chunk < count && chunk < shape->max_segments_per_device) {
-            uint64_t begin = embed->contents.offsets[first + chunk], end = embed->contents.offsets[first + chunk + 1];
-            uint64_t length = end > begin ? end - begin : 0; /* the packing below refuses what does not ascend */
-            if (length > shape->max_columns_per_row) length = shape->max_columns_per_row;
-            if (chunk && tokens + length > budget) break;
-            tokens += length, ++chunk;
-        }
-        uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk, embed->contents.size};
-        status = uform_batch_pack_plain(&trainer->packed, &trainer->config, embed->modalities + first, &part, first,
-                                        error);
-        if (status != uform_status_success_k) break;
-        embed->truncated_items += trainer->packed.truncated;
-        status = uform_model_embed(&trainer->replica, &trainer->layout, &trainer->packed);
-        if (status != uform_status_success_k) {
-            uform_trainer_failed(status, error);
-            break;
-        }
-        status = uform_embeddings_export(&trainer->replica, trainer->replica.pooled, chunk, hidden, 1,
-                                         (char*)embed->embeddings + first * hidden * uform_scalar_bytes(embed->embeddings_scalar),
-                                         embed->embeddings_scalar, error);
-        first += chunk;
-    }
+    if (bytes) *bytes = uform_replica_bytes(&trainer->replica);
     uform_trainer_leave(trainer);
     return status;
 }
