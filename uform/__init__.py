@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
 from . import _native
-from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_items
+from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_choose, normalize_items
 from .config import (
     AudioShape,
     BatchShape,
@@ -548,6 +548,32 @@ class Encoder:
 
         return embed if arena is None else arena._claim_for(embed, "arena")
 
+    def _choose_call(self, texts: Any, choices: Any):
+        """Checks the texts and choices now; answers the call that scores them on the worker."""
+        native = self._handle()
+        text_tape, choice_tape, items = normalize_choose(texts, choices)
+        starts = np.array(choice_tape[1], dtype=np.int64)  # where each text's probabilities land
+        starts -= starts[0]
+
+        def choose() -> List[np.ndarray]:
+            flat = np.empty(max(int(starts[-1]), 1), np.float32)
+            native.choose(text_tape, choice_tape, flat)
+            return [flat[starts[i]:starts[i + 1]] for i in range(items)]
+
+        return choose
+
+    def text_choose(self, texts: Any, choices: Any) -> List[np.ndarray]:
+        """Each text's probabilities over the bytes it may choose: the byte decoder's softmax at a choice
+        position after the text, over those bytes only, exactly as the choices term scores it in training.
+
+        `texts` and `choices` are lists of str / bytes (or `Tape`s), one entry of distinct legal bytes
+        per text. Answers one float32 array per text, as long as its choices and summing to one: the
+        shape `choice_targets` takes, so one model's answers can train another.
+        """
+        worker = self._worker()
+        worker.refuse_own_thread()
+        return worker.run(self._choose_call(texts, choices))
+
     def embed(self, modalities: Sequence[Any], contents: Any, scalar: Any = Scalar.F32,
               arena: Optional[Arena] = None) -> Rows:
         """Pooled, unit-norm embeddings of any number of items, as `Rows` (items x hidden).
@@ -603,6 +629,15 @@ class EncoderDeferred:
         except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
             return Deferred._failed(error, "embed")
         return Deferred(worker.submit(call), "embed")
+
+    def text_choose(self, texts: Any, choices: Any) -> Deferred:
+        """`Encoder.text_choose`, deferred: the inputs are read now, scored on the worker."""
+        try:
+            worker = self._encoder._worker()
+            call = self._encoder._choose_call(texts, choices)
+        except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
+            return Deferred._failed(error, "text_choose")
+        return Deferred(worker.submit(call), "text_choose")
 
     def __repr__(self) -> str:
         return f"<uform.EncoderDeferred of {self._encoder!r}>"

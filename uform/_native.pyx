@@ -574,6 +574,25 @@ cdef class EncoderHandle(Handle):
         encoder.borrowed = (executor,)
         return encoder
 
+    def choose(self, texts, choices, probabilities):
+        """Fills `probabilities` (float32, one per offered byte) for pinnable `texts` and `choices` tapes;
+        answers how many texts were cut."""
+        cdef TapePin text_tape = TapePin(), choice_tape = TapePin()
+        cdef float[::1] landing = probabilities
+        cdef uform_encoder_choose_t choose
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_encoder_t encoder = self.live()
+        memset(&choose, 0, sizeof(choose))
+        text_tape.fill(&choose.texts, texts)
+        choice_tape.fill(&choose.choices, choices)
+        choose.count = choose.texts.count
+        choose.probabilities = &landing[0]
+        with nogil:
+            status = uform_encoder_choose(encoder, &choose, &message)
+        check(status, message, "uform_encoder_choose")
+        return choose.truncated_items
+
     def embed(self, modalities, contents, embeddings, int scalar):
         """Embeds `contents` (a pinnable byte tape) into `embeddings`, a writable uint8 array of count x hidden scalars.
 

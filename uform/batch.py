@@ -320,6 +320,16 @@ def normalize_batch(batch: Any, path: str = "batch") -> dict:
     return normalized
 
 
+def normalize_choose(texts: Any, choices: Any):
+    """`text_choose`'s inputs as (pinnable texts tape, pinnable choices tape, count): a list of str /
+    bytes or a `Tape` each, as many choices as texts."""
+    text_tape = _tape(texts, "texts", float32=False)
+    choice_tape = _tape(choices, "choices", float32=False)
+    if len(choice_tape) != len(text_tape):
+        raise InvalidArgument(f"choices: {len(choice_tape)} entries, expected texts = {len(text_tape)}")
+    return text_tape._pinnable("texts", float32=False), choice_tape._pinnable("choices", float32=False), len(text_tape)
+
+
 def normalize_items(modalities: Any, contents: Any):
     """An encoder's inputs as (uint32 modalities, pinnable contents tape, count)."""
     tape = _tape(contents, "contents", float32=False)

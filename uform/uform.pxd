@@ -228,6 +228,15 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_free(uform_trainer_t trainer, const char** error)
 
+    ctypedef struct uform_encoder_choose_t:
+        size_t count
+        uform_tape_t texts
+        uform_tape_t choices
+        float* probabilities
+        uint64_t truncated_items
+
+    uform_status_t uform_encoder_choose(uform_encoder_t encoder, uform_encoder_choose_t* choose, const char** error)
+
     ctypedef struct uform_encoder_embed_t:
         size_t count
         const uform_modality_t* modalities

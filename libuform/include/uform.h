@@ -489,6 +489,23 @@ UFORM_API uform_status_t uform_encoder_load(uform_executor_t executor, char cons
 /** @brief Embeds items as training scores them, without masking: the mean final state, unit-norm. */
 UFORM_API uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error);
 
+/** @brief Texts, the bytes each may choose, and where each choice's probability lands. */
+typedef struct uform_encoder_choose_t {
+    size_t count;             /**< Items; any number: the encoder splits them to fit. */
+    uform_tape_t texts;       /**< `count` UTF-8 byte entries. */
+    uform_tape_t choices;     /**< `count` entries of distinct legal bytes, one or more each. */
+    float* probabilities;     /**< Out: one float32 per offered byte, as `choices` lays them out, each
+                                   item's summing to one: the shape `choice_targets` takes. */
+    uint64_t truncated_items; /**< Out: texts cut to fit a row beside their choice position. */
+} uform_encoder_choose_t;
+
+/**
+ *  @brief The byte decoder's softmax over each text's legal bytes at its choice position, as the
+ *  choices term scores it in training: the probabilities a trainer's `choice_targets` can take.
+ */
+UFORM_API uform_status_t uform_encoder_choose(uform_encoder_t encoder, uform_encoder_choose_t* choose,
+                                              char const** error);
+
 /** @brief Frees an encoder and lets go of its executor. */
 UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error);
 

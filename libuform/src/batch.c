@@ -167,7 +167,8 @@ static size_t uform_choices_of(uform_packed_t const* packed, size_t item) {
  */
 static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t const* config, size_t count,
                                           uform_modality_t const* modalities, uform_tape_t const* choices,
-                                          uform_tape_t const* targets, size_t first, char const** error) {
+                                          uform_tape_t const* targets, size_t first, char const* field,
+                                          char const** error) {
     uform_trainer_init_vram_t const* c = &config->given;
     int training = targets != NULL;
     packed->choices_count = 0;
@@ -178,7 +179,7 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
         return uform_status_success_k;
     }
     uint64_t* snapshot = packed->choice_snapshot;
-    uform_status_t status = uform_tape_check(choices, count, "batch.choices", snapshot, error);
+    uform_status_t status = uform_tape_check(choices, count, field, snapshot, error);
     if (status != uform_status_success_k) return status;
     int offered_any = snapshot[count] != snapshot[0];
     if (training && offered_any && !(c->choices.weight > 0))
@@ -198,10 +199,10 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
             return UFORM_INVALID("batch.choice_targets[%zu]: %zu targets for %zu choices", first + i, aimed, offered);
         if (!offered) continue;
         if (modalities[i] != uform_modality_text_k)
-            return UFORM_INVALID("batch.choices[%zu]: only text items offer choices; this one is modality %d",
-                                 first + i, (int)modalities[i]);
+            return UFORM_INVALID("%s[%zu]: only text items offer choices; this one is modality %d", field, first + i,
+                                 (int)modalities[i]);
         if (offered > c->batch.max_choices_per_item)
-            return UFORM_INVALID("batch.choices[%zu]: %zu choices exceed config.batch.max_choices_per_item = %u",
+            return UFORM_INVALID("%s[%zu]: %zu choices exceed config.batch.max_choices_per_item = %u", field,
                                  first + i, offered, c->batch.max_choices_per_item);
         uint32_t seen[8] = {0};
         double sum = 0;
@@ -209,7 +210,7 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
         for (size_t j = 0; j != offered; ++j) {
             uint8_t byte = packed->choice_bytes[cursor + j] = bytes[snapshot[i] + j];
             if (seen[byte / 32] & (1u << (byte % 32)))
-                return UFORM_INVALID("batch.choices[%zu]: byte %u is offered twice", first + i, (unsigned)byte);
+                return UFORM_INVALID("%s[%zu]: byte %u is offered twice", field, first + i, (unsigned)byte);
             seen[byte / 32] |= 1u << (byte % 32);
             if (!training) continue;
             float target;
@@ -237,7 +238,7 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
     uform_status_t status = uform_items_count(config, count, step->modalities, 0, error);
     if (status != uform_status_success_k) return status;
     status = uform_choices_check(packed, config, count, step->modalities, &step->choices, &step->choice_targets, 0,
-                                 error);
+                                 "batch.choices", error);
     if (status != uform_status_success_k) return status;
     status = uform_contents_check(packed, &step->contents, count, 0, error);
     if (status != uform_status_success_k) return status;
@@ -512,6 +513,24 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
     if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
     uform_order_fill(packed);
     return uform_status_success_k;
+}
+
+uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t const* config,
+                                       uform_modality_t const* modalities, uform_tape_t const* texts,
+                                       uform_tape_t const* choices, size_t first_item, char const** error) {
+    size_t count = texts->count;
+    uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
+    if (status != uform_status_success_k) return status;
+    memset(packed->sides, 0, count);
+    status = uform_choices_check(packed, config, count, modalities, choices, NULL, first_item, "choices", error);
+    for (size_t i = 0; status == uform_status_success_k && i != count; ++i)
+        if (!uform_choices_of(packed, i))
+            status = UFORM_INVALID("choices[%zu]: empty; every text needs at least one byte to choose from", first_item + i);
+    if (status == uform_status_success_k) status = uform_contents_check(packed, texts, count, first_item, error);
+    if (status == uform_status_success_k)
+        status = uform_pack_rows(packed, config, count, texts, NULL, first_item, error);
+    if (status == uform_status_success_k) uform_choice_positions(packed);
+    return status;
 }
 
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,

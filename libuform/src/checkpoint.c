@@ -926,6 +926,7 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     wanted.batch.max_columns_per_row = (uint32_t)geometry.max_columns_per_row;
     wanted.batch.max_rows_per_device = (uint32_t)geometry.max_rows_per_device;
     wanted.batch.max_segments_per_device = (uint32_t)geometry.max_segments_per_device;
+    wanted.batch.max_choices_per_item = 256; /* inference may offer any set of bytes */
     wanted.objective = uform_objective_contrastive_k, wanted.schedule.steps = 1;
     if (geometry.late_span) /* the token head's tensors are in the file: the layout has them too */
         wanted.late_interaction.weight = 1, wanted.late_interaction.width = (uint32_t)geometry.late_width,

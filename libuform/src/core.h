@@ -163,6 +163,11 @@ void uform_packed_free(uform_packed_t* packed);
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
                                 uform_trainer_step_t const* step, uint64_t step_number, size_t first_item,
                                 char const** error);
+/** Packs texts with the bytes each may choose, as `uform_encoder_choose` reads them; messages count items from
+ *  `first_item`. */
+uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t const* config,
+                                       uform_modality_t const* modalities, uform_tape_t const* texts,
+                                       uform_tape_t const* choices, size_t first_item, char const** error);
 /** Packs the items of a tape, without masking, as inference reads them; messages count items from `first_item`. */
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
@@ -262,6 +267,9 @@ void uform_model_close(uform_layout_t* layout, uform_replica_t* replica, uform_p
 
 /** Uploads a packed batch, runs the forward pass and pools each item's final states. */
 uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
+/** Uploads texts packed with their choices and runs the forward pass and the byte decoder at the choice positions:
+ *  `replica->probabilities` holds each offered byte's probability after the backend synchronizes. */
+uform_status_t uform_model_choose(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
 
 /** Which losses a packed step runs under the config, and their weights. */
 uform_terms_t uform_model_terms(uform_config_t const* config, uform_packed_t const* packed);

@@ -86,24 +86,32 @@ static size_t uform_scalar_bytes(uform_scalar_t scalar) {
     return scalar == uform_scalar_f32_k ? 4 : scalar == uform_scalar_i8_k ? 1 : 2;
 }
 
+/*
+ *  How many items from `first` one pass takes: first fit never leaves two rows half empty, so items
+ *  filling at most half the rows always fit. Each item takes `extra` positions beside its content.
+ */
+static size_t uform_encoder_chunk(uform_encoder_s const* encoder, uint64_t const* offsets, size_t first, size_t count,
+                                  uint64_t extra) {
+    uform_batch_shape_t const* shape = &encoder->config.given.batch;
+    uint64_t budget = (uint64_t)shape->max_rows_per_device * shape->max_columns_per_row / 2, tokens = 0;
+    size_t chunk = 0;
+    while (first + chunk < count && chunk < shape->max_segments_per_device) {
+        uint64_t begin = offsets[first + chunk], end = offsets[first + chunk + 1];
+        uint64_t length = (end > begin ? end - begin : 0) + extra; /* the packing refuses what does not ascend */
+        if (length > shape->max_columns_per_row) length = shape->max_columns_per_row;
+        if (chunk && tokens + length > budget) break;
+        tokens += length, ++chunk;
+    }
+    return chunk;
+}
+
 /* Embeds the items in chunks that fit the replica, landing each chunk's rows where they belong in `embed`. */
 static uform_status_t uform_encoder_chunks(uform_encoder_s* encoder, uform_encoder_embed_t* embed, char const** error) {
-    uform_batch_shape_t const* shape = &encoder->config.given.batch;
     size_t hidden = encoder->layout.hidden, count = embed->count;
     uform_status_t status = uform_status_success_k;
     embed->truncated_items = 0;
-    /* First fit never leaves two rows half empty, so items filling at most half the rows always fit. */
-    uint64_t budget = (uint64_t)shape->max_rows_per_device * shape->max_columns_per_row / 2;
     for (size_t first = 0; first < count && status == uform_status_success_k;) {
-        size_t chunk = 0;
-        uint64_t tokens = 0;
-        while (first + chunk < count && chunk < shape->max_segments_per_device) {
-            uint64_t begin = embed->contents.offsets[first + chunk], end = embed->contents.offsets[first + chunk + 1];
-            uint64_t length = end > begin ? end - begin : 0; /* the packing below refuses what does not ascend */
-            if (length > shape->max_columns_per_row) length = shape->max_columns_per_row;
-            if (chunk && tokens + length > budget) break;
-            tokens += length, ++chunk;
-        }
+        size_t chunk = uform_encoder_chunk(encoder, embed->contents.offsets, first, count, 0);
         uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk, embed->contents.size};
         status = uform_batch_pack_plain(&encoder->packed, &encoder->config, embed->modalities + first, &part, first,
                                         error);
@@ -135,6 +143,56 @@ uform_status_t uform_encoder_embed(uform_encoder_t handle, uform_encoder_embed_t
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
     status = uform_encoder_chunks(encoder, embed, error);
+    uform_handles_leave(encoder);
+    return status;
+}
+
+/* Chooses in chunks that fit the replica, landing each chunk's probabilities where its choices sit. */
+static uform_status_t uform_encoder_choices(uform_encoder_s* encoder, uform_encoder_choose_t* choose,
+                                            char const** error) {
+    uform_replica_t* replica = &encoder->replica;
+    uform_packed_t* packed = &encoder->packed;
+    size_t count = choose->count;
+    uint64_t base = choose->choices.offsets[0];
+    uform_status_t status = uform_status_success_k;
+    choose->truncated_items = 0;
+    for (size_t first = 0; first < count && status == uform_status_success_k;) {
+        size_t chunk = uform_encoder_chunk(encoder, choose->texts.offsets, first, count, 1);
+        uform_tape_t texts = {choose->texts.data, choose->texts.offsets + first, chunk, choose->texts.size};
+        uform_tape_t choices = {choose->choices.data, choose->choices.offsets + first, chunk, choose->choices.size};
+        uform_modality_t* modalities = malloc(chunk * sizeof(uform_modality_t));
+        if (!modalities) return uform_fail(error, uform_status_out_of_memory_k, "no memory for %zu texts", chunk);
+        for (size_t i = 0; i != chunk; ++i) modalities[i] = uform_modality_text_k;
+        status = uform_batch_pack_choose(packed, &encoder->config, modalities, &texts, &choices, first, error);
+        free(modalities);
+        if (status != uform_status_success_k) break;
+        if (packed->choice_snapshot[0] < base)
+            return uform_fail(error, uform_status_invalid_argument_k, "choose.choices.offsets[%zu]: below offsets[0]",
+                              first);
+        choose->truncated_items += packed->truncated;
+        size_t offered = packed->choice_offsets[packed->choices_count];
+        status = uform_model_choose(replica, &encoder->layout, packed);
+        if (status == uform_status_success_k)
+            status = replica->backend->download(replica->context,
+                                                choose->probabilities + (packed->choice_snapshot[0] - base),
+                                                replica->probabilities, offered * sizeof(float));
+        if (status != uform_status_success_k && error) *error = uform_message();
+        first += chunk;
+    }
+    return status;
+}
+
+uform_status_t uform_encoder_choose(uform_encoder_t handle, uform_encoder_choose_t* choose, char const** error) {
+    if (!choose) return uform_fail(error, uform_status_invalid_argument_k, "choose: NULL");
+    if (!choose->probabilities) return uform_fail(error, uform_status_invalid_argument_k, "choose.probabilities: NULL");
+    if (!choose->texts.offsets || choose->texts.count != choose->count || !choose->choices.offsets ||
+        choose->choices.count != choose->count)
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "choose: needs a tape of %zu texts and a tape of as many choices", choose->count);
+    void* encoder;
+    uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
+    if (status != uform_status_success_k) return status;
+    status = uform_encoder_choices(encoder, choose, error);
     uform_handles_leave(encoder);
     return status;
 }

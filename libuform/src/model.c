@@ -55,6 +55,14 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->ids, tokens * words);
     UFORM_BUFFER(r->positions, tokens * words);
     UFORM_BUFFER(r->segments, segments * sizeof(uform_segment_t));
+    /* The byte decoder's rows: training's masked and choice positions, or inference's choice positions. */
+    size_t decoded = training ? tokens : segments;
+    UFORM_BUFFER(r->masked, decoded * words);
+    UFORM_BUFFER(r->masked_states, decoded * h * act);
+    UFORM_BUFFER(r->logits, decoded * uform_bytes_k * act);
+    UFORM_BUFFER(r->choice_offsets, (segments + 1) * words);
+    UFORM_BUFFER(r->choice_bytes, segments * choices);
+    UFORM_BUFFER(r->probabilities, segments * choices * floats);
     if (!training) return n;
     UFORM_BUFFER(r->gradients, total * floats);
     UFORM_BUFFER(r->first, total * floats);
@@ -65,14 +73,11 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->d_hidden, tokens * h * act);
     UFORM_BUFFER(r->d_qkv, tokens * 3 * h * act);
     UFORM_BUFFER(r->d_wide, tokens * wide * act);
-    UFORM_BUFFER(r->masked_states, tokens * h * act);
-    UFORM_BUFFER(r->logits, tokens * uform_bytes_k * act);
     UFORM_BUFFER(r->d_logits, tokens * uform_bytes_k * act);
     UFORM_BUFFER(r->d_pooled, segments * h * floats);
     UFORM_BUFFER(r->normalized, segments * h * floats);
     UFORM_BUFFER(r->scalars, uform_scalars_k * sizeof(double));
     UFORM_BUFFER(r->scored, 2 * (size_t)layout->temperature_groups * floats);
-    UFORM_BUFFER(r->masked, tokens * words);
     UFORM_BUFFER(r->targets, tokens * words);
     UFORM_BUFFER(r->order, tokens * words);
     UFORM_BUFFER(r->order_offsets, (uform_vocabulary_k + 1) * words);
@@ -91,10 +96,7 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->late_unit, tokens * width * floats);
     UFORM_BUFFER(r->d_late_unit, tokens * width * floats);
     UFORM_BUFFER(r->d_late_vectors, tokens * width * act);
-    UFORM_BUFFER(r->choice_offsets, (segments + 1) * words);
-    UFORM_BUFFER(r->choice_bytes, segments * choices);
     UFORM_BUFFER(r->choice_targets, segments * choices * floats);
-    UFORM_BUFFER(r->probabilities, segments * choices * floats);
 #undef UFORM_BUFFER
     return n;
 }
@@ -436,6 +438,18 @@ uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const*
     UFORM_TRY(uform_model_upload(replica, packed, 0));
     UFORM_TRY(uform_model_forward(replica, layout, packed));
     return replica->backend->pool_forward(replica->context, replica->pooled, replica->final, &items, layout->hidden);
+}
+
+uform_status_t uform_model_choose(uform_replica_t* r, uform_layout_t const* layout, uform_packed_t const* packed) {
+    uform_backend_t const* b = r->backend;
+    void* x = r->context;
+    size_t choosing = packed->choices_count, h = layout->hidden;
+    UFORM_TRY(uform_model_upload(r, packed, 0));
+    UFORM_TRY(uform_model_forward(r, layout, packed));
+    UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->masked, choosing, h));
+    UFORM_TRY(b->matmul(x, r->logits, NULL, r->masked_states, uform_compute(r, layout, layout->decoder), choosing,
+                        uform_bytes_k, h, 0, 1, b->activations));
+    return b->choices(x, NULL, NULL, r->probabilities, r->logits, r->choice_offsets, r->choice_bytes, NULL, choosing, 1);
 }
 
 uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout,

@@ -1,0 +1,96 @@
+"""Inference that serves the choices term: `Encoder.text_choose` answers what training scores, in
+the shape `choice_targets` takes, so one model's probabilities can train another."""
+import math
+
+import numpy as np
+import pytest
+
+import uform
+
+TEXTS = ["is the sun a star?", "do red pandas eat bamboo?", "is water dry?", "can fish fly?", "is ice cold?",
+         "do birds have feathers?"]
+CHOICES = ["yn", "yn", "yn", "yn", "yn", "yn"]
+
+
+def config(seed=3, **extra):
+    made = dict(depth=2, hidden=128, objective=uform.Objective.CONTRASTIVE, seed=seed,
+                schedule=dict(steps=400, warmup_steps=5, learning_rate=3e-3),
+                batch=dict(max_rows_per_device=8, max_columns_per_row=64, max_choices_per_item=4),
+                choices=dict(weight=1.0))
+    made.update(extra)
+    return made
+
+
+def step(texts, choices, targets):
+    return dict(modalities=[uform.Modality.TEXT] * len(texts), contents=texts, choices=choices,
+                choice_targets=[np.asarray(t, np.float32) for t in targets])
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    with uform.Executor.for_ram(threads=2) as executor:
+        yield executor
+
+
+def test_probabilities_are_what_training_scores(cpu, tmp_path):
+    path = str(tmp_path / "teacher.safetensors")
+    targets = [[0.8, 0.2], [0.3, 0.7], [0.5, 0.5], [1.0, 0.0], [0.1, 0.9], [0.6, 0.4]]
+    with uform.Trainer.init_ram(cpu, config()) as trainer:
+        for _ in range(3):
+            trainer.step(step(TEXTS, CHOICES, targets))
+        trainer.save(path, weights_only=True)
+        stats, _ = trainer._probe(step(TEXTS, CHOICES, targets))  # contrastive: nothing is masked
+    with uform.Encoder.load(path, cpu) as encoder:
+        probabilities = encoder.text_choose(TEXTS, CHOICES)
+        deferred = encoder.deferred().text_choose(TEXTS, CHOICES).wait()
+    assert [p.dtype for p in probabilities] == [np.float32] * len(TEXTS)
+    assert all(p.shape == (2,) and p.sum() == pytest.approx(1.0, rel=1e-6) for p in probabilities)
+    assert all(np.array_equal(a, b) for a, b in zip(probabilities, deferred))
+    expected = np.mean([-(np.asarray(t) * np.log(p.astype(np.float64))).sum() for t, p in zip(targets, probabilities)])
+    assert stats.choices_loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_student_learns_the_teachers_probabilities(cpu, tmp_path):
+    """Distillation: a second model trained only on the first's answers converges to them."""
+    path = str(tmp_path / "teacher.safetensors")
+    rng = np.random.default_rng(0)
+    with uform.Trainer.init_ram(cpu, config(seed=1)) as teacher:
+        targets = [rng.dirichlet([1, 1]) for _ in TEXTS]
+        for _ in range(40):
+            teacher.step(step(TEXTS, CHOICES, targets))
+        teacher.save(path, weights_only=True)
+    with uform.Encoder.load(path, cpu) as encoder:
+        taught = encoder.text_choose(TEXTS, CHOICES)
+
+    def divergence(student):
+        return float(np.mean([(t * np.log(t / s)).sum() for t, s in zip(taught, student)]))
+
+    student_path = str(tmp_path / "student.safetensors")
+    with uform.Trainer.init_ram(cpu, config(seed=2)) as student:
+        student.save(student_path, weights_only=True)
+        with uform.Encoder.load(student_path, cpu) as encoder:
+            before = divergence(encoder.text_choose(TEXTS, CHOICES))
+        for _ in range(120):
+            student.step(step(TEXTS, CHOICES, taught))  # the teacher's answers, as they land
+        student.save(student_path, weights_only=True)
+    with uform.Encoder.load(student_path, cpu) as encoder:
+        after = divergence(encoder.text_choose(TEXTS, CHOICES))
+    assert after < 0.1 * before and after < 0.01, (before, after)
+
+
+def test_bad_choices_are_refused_by_name(cpu, tmp_path):
+    path = str(tmp_path / "model.safetensors")
+    with uform.Trainer.init_ram(cpu, config()) as trainer:
+        trainer.save(path, weights_only=True)
+    with uform.Encoder.load(path, cpu) as encoder:
+        for texts, choices, message in [(["a", "b"], ["yn", ""], r"choices\[1\]: empty"),
+                                        (["a"], ["yny"], r"choices\[0\]: byte 121 is offered twice"),
+                                        (["a", "b"], ["yn"], r"choices: 1 entries, expected texts = 2"),
+                                        (["a", ""], ["yn", "yn"], r"contents\[1\]: empty")]:
+            with pytest.raises(uform.InvalidArgument, match=message):
+                encoder.text_choose(texts, choices)
+        assert encoder.text_choose([], []) == []
+        long = encoder.text_choose(["x" * 200, "short"], ["ab", "ab"])  # cut to fit a row beside its choice position
+        assert len(long) == 2 and all(math.isclose(p.sum(), 1.0, rel_tol=1e-6) for p in long)
+        every = encoder.text_choose(["all of them"], [bytes(range(256))])[0]
+        assert every.shape == (256,) and every.sum() == pytest.approx(1.0, rel=1e-5)
