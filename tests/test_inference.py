@@ -94,3 +94,57 @@ def test_bad_choices_are_refused_by_name(cpu, tmp_path):
         assert len(long) == 2 and all(math.isclose(p.sum(), 1.0, rel_tol=1e-6) for p in long)
         every = encoder.text_choose(["all of them"], [bytes(range(256))])[0]
         assert every.shape == (256,) and every.sum() == pytest.approx(1.0, rel=1e-5)
+
+
+QUERIES = ["red panda diet", "bright stars", "fast cars"]
+DOCUMENTS = ["red pandas eat bamboo and fruit", "stars shine at night", "cars drive fast on roads",
+             "bamboo grows quickly"]
+
+
+def late_step():
+    """Queries 0-2 attract documents 3-5 and repel document 6; every item has its side."""
+    sides = [uform.LateInteractionSide.QUERY] * 3 + [uform.LateInteractionSide.DOCUMENT] * 4
+    return dict(modalities=[uform.Modality.TEXT] * 7, contents=QUERIES + DOCUMENTS, sides=sides,
+                relations=dict(attract=uform.Edges([0, 1, 2, 3, 3, 3, 3, 3], [3, 4, 5]),
+                               repel=uform.Edges([0, 1, 2, 3, 3, 3, 3, 3], [6, 6, 6])))
+
+
+def test_token_vectors_are_what_training_scores(cpu, tmp_path):
+    from reference import late_interaction_loss
+
+    path = str(tmp_path / "late.safetensors")
+    made = config(late_interaction=dict(weight=1.0, width=32, max_query_span=12), choices=None)
+    made["batch"]["max_choices_per_item"] = 0
+    with uform.Trainer.init_ram(cpu, made) as trainer:
+        for _ in range(3):
+            trainer.step(late_step())
+        trainer.save(path)
+        stats, _ = trainer._probe(late_step())
+    import safetensors.numpy
+    tensors = safetensors.numpy.load_file(path)
+    with uform.Encoder.load(path, cpu) as encoder:
+        queries = encoder.embed_tokens(["text"] * 3, QUERIES, sides=["query"] * 3)
+        documents = encoder.embed_tokens(["text"] * 4, DOCUMENTS)  # no sides: documents
+        deferred = encoder.deferred().embed_tokens(["text"] * 4, DOCUMENTS).wait()
+    assert [q.shape for q in queries] == [(12, 32)] * 3  # cut or padded to the span
+    assert [d.shape for d in documents] == [(len(d), 32) for d in DOCUMENTS]
+    assert all(np.array_equal(a, b) for a, b in zip(documents, deferred))
+    vectors = np.concatenate(queries + documents).astype(np.float64)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, rtol=1e-5)
+    starts = np.concatenate([[0], np.cumsum([len(v) for v in queries + documents])])
+    spans = [(int(starts[i]), int(starts[i + 1] - starts[i])) for i in range(7)]
+    rows = [(q, [(3 + q, 1, 1.0), (6, 2, 1.0)]) for q in range(3)]
+    expected = late_interaction_loss(vectors, spans, rows, float(tensors["late_interaction.log_inverse_temperature"][0]),
+                                     float(tensors["late_interaction.bias"][0]), "ranked")
+    assert stats.late_interaction_loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_token_vectors_need_a_token_head(cpu, tmp_path):
+    path = str(tmp_path / "plain.safetensors")
+    with uform.Trainer.init_ram(cpu, config()) as trainer:
+        trainer.save(path, weights_only=True)
+    with uform.Encoder.load(path, cpu) as encoder:
+        with pytest.raises(uform.InvalidArgument, match="no token head; a run trains one with late_interaction.weight"):
+            encoder.embed_tokens(["text"], ["hello"])
+        with pytest.raises(uform.InvalidArgument, match=r"sides\[0\]"):
+            encoder.embed_tokens(["text"], ["hello"], sides=["sideways"])

@@ -332,6 +332,26 @@ def test_the_seeds_reranker_steps_on_the_gpu(gpu):
     assert stats.query_rows == 0  # ranked needs a repelled document beside the attracted one
 
 
+def test_inference_answers_as_the_cpu(rng, cpu, gpu, tmp_path):
+    """text_choose and embed_tokens of one checkpoint on both backends."""
+    config = dict(CONFIG, choices=dict(weight=1.0), batch=dict(CONFIG["batch"], max_choices_per_item=8),
+                  late_interaction=dict(weight=1.0, width=64, max_query_span=16))
+    step = batch(rng)
+    step.update(sides=[uform.LateInteractionSide.QUERY_AND_DOCUMENT] * 12,
+                choices=["yn"] * 12, choice_targets=[np.array([0.7, 0.3], np.float32)] * 12)
+    path = str(tmp_path / "both.safetensors")
+    with uform.Trainer.init_ram(cpu, config) as trainer:
+        trainer.step(step)
+        trainer.save(path, weights_only=True)
+    texts = step["contents"]
+    with uform.Encoder.load(path, cpu) as reference, uform.Encoder.load(path, gpu) as encoder:
+        close(np.concatenate(encoder.text_choose(texts, ["ynm"] * 12)),
+              np.concatenate(reference.text_choose(texts, ["ynm"] * 12)), MODEL)
+        for sides in (None, ["query"] * 12):
+            close(np.concatenate(encoder.embed_tokens(["text"] * 12, texts, sides)),
+                  np.concatenate(reference.embed_tokens(["text"] * 12, texts, sides)), MODEL)
+
+
 def test_runs_repeat_bit_for_bit(rng, gpu):
     steps = [batch(rng) for _ in range(3)]
 

@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import _native
-from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_choose, normalize_items
+from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_choose, normalize_items, normalize_sides
 from .config import (
     AudioShape,
     BatchShape,
@@ -548,6 +548,31 @@ class Encoder:
 
         return embed if arena is None else arena._claim_for(embed, "arena")
 
+    def _tokens_call(self, modalities: Any, contents: Any, sides: Any):
+        """Checks the items now; answers the call that reads their token vectors on the worker."""
+        native = self._handle()
+        kinds, tape, items = normalize_items(modalities, contents)
+        side_values = normalize_sides(sides, items)
+
+        def embed_tokens() -> List[np.ndarray]:
+            vectors, offsets, _ = native.embed_tokens(kinds, tape, side_values)
+            return [vectors[int(offsets[i]):int(offsets[i + 1])] for i in range(items)]
+
+        return embed_tokens
+
+    def embed_tokens(self, modalities: Sequence[Any], contents: Any, sides: Any = None) -> List[np.ndarray]:
+        """Each item's late-interaction token vectors, unit-norm float32 rows of the token head's width,
+        exactly as training scores them: one (rows, width) array per item, views into one buffer.
+
+        `sides` (one `LateInteractionSide` per item; None reads every item as a document) decides how
+        an item is read: a query (or an item that is both) is cut to the run's `max_query_span` bytes
+        and padded up to it, so it answers that many rows; a document answers one row per byte, up to
+        `batch.max_columns_per_row`. Refused for a checkpoint trained without late interaction.
+        """
+        worker = self._worker()
+        worker.refuse_own_thread()
+        return worker.run(self._tokens_call(modalities, contents, sides))
+
     def _choose_call(self, texts: Any, choices: Any):
         """Checks the texts and choices now; answers the call that scores them on the worker."""
         native = self._handle()
@@ -629,6 +654,15 @@ class EncoderDeferred:
         except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
             return Deferred._failed(error, "embed")
         return Deferred(worker.submit(call), "embed")
+
+    def embed_tokens(self, modalities: Sequence[Any], contents: Any, sides: Any = None) -> Deferred:
+        """`Encoder.embed_tokens`, deferred: the items are read now, embedded on the worker."""
+        try:
+            worker = self._encoder._worker()
+            call = self._encoder._tokens_call(modalities, contents, sides)
+        except Exception as error:  # noqa: BLE001 - it belongs to whoever awaits the answer
+            return Deferred._failed(error, "embed_tokens")
+        return Deferred(worker.submit(call), "embed_tokens")
 
     def text_choose(self, texts: Any, choices: Any) -> Deferred:
         """`Encoder.text_choose`, deferred: the inputs are read now, scored on the worker."""

@@ -574,6 +574,37 @@ cdef class EncoderHandle(Handle):
         encoder.borrowed = (executor,)
         return encoder
 
+    def embed_tokens(self, modalities, contents, sides):
+        """Unit token vectors of pinnable `contents`, read as `sides` (a uint32 array, or None for
+        documents): answers (float32 vectors of rows x width, uint64 row offsets, truncated items)."""
+        cdef const uint32_t[::1] kinds = modalities
+        cdef const uint32_t[::1] side_values
+        cdef TapePin tape = TapePin()
+        cdef uform_encoder_tokens_t tokens
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_encoder_t encoder = self.live()
+        memset(&tokens, 0, sizeof(tokens))
+        tokens.count = kinds.shape[0]
+        tokens.modalities = <const uform_modality_t*>_per_item(kinds)
+        tape.fill(&tokens.contents, contents)
+        if sides is not None:
+            side_values = sides
+            tokens.sides = <const uform_late_interaction_side_t*>_per_item(side_values)
+        offsets = np.zeros(tokens.count + 1, np.uint64)
+        cdef uint64_t[::1] offset_view = offsets
+        tokens.offsets = &offset_view[0]
+        with nogil:  # first, the rows each item takes
+            status = uform_encoder_embed_tokens(encoder, &tokens, &message)
+        check(status, message, "uform_encoder_embed_tokens")
+        vectors = np.empty((max(int(offsets[tokens.count]), 1), tokens.width), np.float32)
+        cdef float[:, ::1] landing = vectors
+        tokens.vectors = &landing[0, 0]
+        with nogil:
+            status = uform_encoder_embed_tokens(encoder, &tokens, &message)
+        check(status, message, "uform_encoder_embed_tokens")
+        return vectors[:int(offsets[tokens.count])], offsets, tokens.truncated_items
+
     def choose(self, texts, choices, probabilities):
         """Fills `probabilities` (float32, one per offered byte) for pinnable `texts` and `choices` tapes;
         answers how many texts were cut."""

@@ -330,6 +330,11 @@ def normalize_choose(texts: Any, choices: Any):
     return text_tape._pinnable("texts", float32=False), choice_tape._pinnable("choices", float32=False), len(text_tape)
 
 
+def normalize_sides(sides: Any, items: int) -> Optional[np.ndarray]:
+    """An encoder's optional late-interaction sides, one per item, as uint32."""
+    return _sides(sides, items, "sides")
+
+
 def normalize_items(modalities: Any, contents: Any):
     """An encoder's inputs as (uint32 modalities, pinnable contents tape, count)."""
     tape = _tape(contents, "contents", float32=False)

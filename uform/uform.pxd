@@ -228,6 +228,19 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_free(uform_trainer_t trainer, const char** error)
 
+    ctypedef struct uform_encoder_tokens_t:
+        size_t count
+        const uform_modality_t* modalities
+        uform_tape_t contents
+        const uform_late_interaction_side_t* sides
+        uint64_t* offsets
+        float* vectors
+        size_t width
+        uint64_t truncated_items
+
+    uform_status_t uform_encoder_embed_tokens(uform_encoder_t encoder, uform_encoder_tokens_t* tokens,
+                                              const char** error)
+
     ctypedef struct uform_encoder_choose_t:
         size_t count
         uform_tape_t texts

@@ -506,6 +506,27 @@ typedef struct uform_encoder_choose_t {
 UFORM_API uform_status_t uform_encoder_choose(uform_encoder_t encoder, uform_encoder_choose_t* choose,
                                               char const** error);
 
+/** @brief Items to read as late interaction reads them, and where their token vectors land. */
+typedef struct uform_encoder_tokens_t {
+    size_t count;                               /**< Items; any number: the encoder splits them to fit. */
+    uform_modality_t const* modalities;         /**< `count` modalities. */
+    uform_tape_t contents;                      /**< `count` byte entries. */
+    uform_late_interaction_side_t const* sides; /**< NULL reads every item as a document; a query (or an item
+                                                     that is both) is cut and padded to its span, as training reads it. */
+    uint64_t* offsets;       /**< Out: `count + 1` offsets, in rows, of each item's vectors; required. */
+    float* vectors;          /**< Out: `offsets[count]` unit rows of `width` float32s, item after item; NULL
+                                  fills `offsets` and `width` alone, to size the buffer. */
+    size_t width;            /**< Out: the token vectors' width. */
+    uint64_t truncated_items; /**< Out: items cut to fit. */
+} uform_encoder_tokens_t;
+
+/**
+ *  @brief The token head's unit vectors of each item's rows, as the late-interaction term scores
+ *  them in training. Refused for a checkpoint trained without late interaction, which has no head.
+ */
+UFORM_API uform_status_t uform_encoder_embed_tokens(uform_encoder_t encoder, uform_encoder_tokens_t* tokens,
+                                                    char const** error);
+
 /** @brief Frees an encoder and lets go of its executor. */
 UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error);
 

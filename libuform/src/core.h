@@ -171,7 +171,8 @@ uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t co
 /** Packs the items of a tape, without masking, as inference reads them; messages count items from `first_item`. */
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
-                                      size_t first_item, char const** error);
+                                      uform_late_interaction_side_t const* sides, size_t first_item,
+                                      char const** error);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  The model on one device                                                                        */
@@ -267,6 +268,10 @@ void uform_model_close(uform_layout_t* layout, uform_replica_t* replica, uform_p
 
 /** Uploads a packed batch, runs the forward pass and pools each item's final states. */
 uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);
+/** Uploads a packed batch and runs the forward pass and the token head over every token: `replica->late_unit`
+ *  holds the unit token vectors after the backend synchronizes. */
+uform_status_t uform_model_embed_tokens(uform_replica_t* replica, uform_layout_t const* layout,
+                                        uform_packed_t const* packed);
 /** Uploads texts packed with their choices and runs the forward pass and the byte decoder at the choice positions:
  *  `replica->probabilities` holds each offered byte's probability after the backend synchronizes. */
 uform_status_t uform_model_choose(uform_replica_t* replica, uform_layout_t const* layout, uform_packed_t const* packed);

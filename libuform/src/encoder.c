@@ -113,7 +113,7 @@ static uform_status_t uform_encoder_chunks(uform_encoder_s* encoder, uform_encod
     for (size_t first = 0; first < count && status == uform_status_success_k;) {
         size_t chunk = uform_encoder_chunk(encoder, embed->contents.offsets, first, count, 0);
         uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk, embed->contents.size};
-        status = uform_batch_pack_plain(&encoder->packed, &encoder->config, embed->modalities + first, &part, first,
+        status = uform_batch_pack_plain(&encoder->packed, &encoder->config, embed->modalities + first, &part, NULL, first,
                                         error);
         if (status != uform_status_success_k) break;
         embed->truncated_items += encoder->packed.truncated;
@@ -193,6 +193,71 @@ uform_status_t uform_encoder_choose(uform_encoder_t handle, uform_encoder_choose
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
     status = uform_encoder_choices(encoder, choose, error);
+    uform_handles_leave(encoder);
+    return status;
+}
+
+/* Each item's rows as training reads it: a query its span, anything else its bytes up to a row. */
+static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, uform_encoder_tokens_t* tokens,
+                                               char const** error) {
+    uform_trainer_init_vram_t const* c = &encoder->config.given;
+    uint64_t const* contents = tokens->contents.offsets;
+    tokens->offsets[0] = 0;
+    for (size_t i = 0; i != tokens->count; ++i) {
+        int side = tokens->sides ? (int)tokens->sides[i] : uform_late_interaction_document_k;
+        if (side < uform_late_interaction_query_k || side > uform_late_interaction_query_and_document_k)
+            return uform_fail(error, uform_status_invalid_argument_k,
+                              "tokens.sides[%zu]: %d is not a side that has token vectors", i, side);
+        uint64_t length = contents[i + 1] > contents[i] ? contents[i + 1] - contents[i] : 0;
+        if (length > c->batch.max_columns_per_row) length = c->batch.max_columns_per_row;
+        if (side != uform_late_interaction_document_k) length = c->late_interaction.max_query_span;
+        tokens->offsets[i + 1] = tokens->offsets[i] + length;
+    }
+    return uform_status_success_k;
+}
+
+/* Reads the items in chunks that fit the replica, landing each chunk's rows where `offsets` places them. */
+static uform_status_t uform_encoder_tokens(uform_encoder_s* encoder, uform_encoder_tokens_t* tokens,
+                                           char const** error) {
+    uform_replica_t* replica = &encoder->replica;
+    size_t count = tokens->count, width = tokens->width = replica->late_width;
+    if (!width)
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "encoder: this checkpoint has no token head; a run trains one with late_interaction.weight > 0");
+    uform_status_t status = uform_encoder_token_rows(encoder, tokens, error);
+    tokens->truncated_items = 0;
+    for (size_t first = 0; first < count && status == uform_status_success_k && tokens->vectors;) {
+        size_t chunk = uform_encoder_chunk(encoder, tokens->offsets, first, count, 0);
+        uform_tape_t part = {tokens->contents.data, tokens->contents.offsets + first, chunk, tokens->contents.size};
+        status = uform_batch_pack_plain(&encoder->packed, &encoder->config, tokens->modalities + first, &part,
+                                        tokens->sides ? tokens->sides + first : NULL, first, error);
+        if (status != uform_status_success_k) break;
+        tokens->truncated_items += encoder->packed.truncated;
+        if (encoder->packed.tokens_count != tokens->offsets[first + chunk] - tokens->offsets[first])
+            return uform_fail(error, uform_status_invalid_argument_k,
+                              "tokens.contents.offsets: changed while the encoder read them (items %zu to %zu)", first,
+                              first + chunk);
+        status = uform_model_embed_tokens(replica, &encoder->layout, &encoder->packed);
+        if (status == uform_status_success_k)
+            status = replica->backend->download(replica->context, tokens->vectors + tokens->offsets[first] * width,
+                                                replica->late_unit,
+                                                encoder->packed.tokens_count * width * sizeof(float));
+        if (status != uform_status_success_k && error) *error = uform_message();
+        first += chunk;
+    }
+    return status;
+}
+
+uform_status_t uform_encoder_embed_tokens(uform_encoder_t handle, uform_encoder_tokens_t* tokens, char const** error) {
+    if (!tokens) return uform_fail(error, uform_status_invalid_argument_k, "tokens: NULL");
+    if (!tokens->offsets) return uform_fail(error, uform_status_invalid_argument_k, "tokens.offsets: NULL");
+    if (!tokens->modalities || !tokens->contents.offsets || tokens->contents.count != tokens->count)
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "tokens: needs %zu modalities and a tape of as many contents", tokens->count);
+    void* encoder;
+    uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
+    if (status != uform_status_success_k) return status;
+    status = uform_encoder_tokens(encoder, tokens, error);
     uform_handles_leave(encoder);
     return status;
 }

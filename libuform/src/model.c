@@ -63,6 +63,8 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->choice_offsets, (segments + 1) * words);
     UFORM_BUFFER(r->choice_bytes, segments * choices);
     UFORM_BUFFER(r->probabilities, segments * choices * floats);
+    UFORM_BUFFER(r->late_vectors, tokens * r->late_width * act);
+    UFORM_BUFFER(r->late_unit, tokens * r->late_width * floats);
     if (!training) return n;
     UFORM_BUFFER(r->gradients, total * floats);
     UFORM_BUFFER(r->first, total * floats);
@@ -92,8 +94,6 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->late_documents, edges * words);
     UFORM_BUFFER(r->late_cells, edges);
     UFORM_BUFFER(r->late_weights, edges * floats);
-    UFORM_BUFFER(r->late_vectors, tokens * width * act);
-    UFORM_BUFFER(r->late_unit, tokens * width * floats);
     UFORM_BUFFER(r->d_late_unit, tokens * width * floats);
     UFORM_BUFFER(r->d_late_vectors, tokens * width * act);
     UFORM_BUFFER(r->choice_targets, segments * choices * floats);
@@ -438,6 +438,16 @@ uform_status_t uform_model_embed(uform_replica_t* replica, uform_layout_t const*
     UFORM_TRY(uform_model_upload(replica, packed, 0));
     UFORM_TRY(uform_model_forward(replica, layout, packed));
     return replica->backend->pool_forward(replica->context, replica->pooled, replica->final, &items, layout->hidden);
+}
+
+uform_status_t uform_model_embed_tokens(uform_replica_t* r, uform_layout_t const* layout, uform_packed_t const* packed) {
+    uform_backend_t const* b = r->backend;
+    size_t tokens = packed->tokens_count, width = r->late_width;
+    UFORM_TRY(uform_model_upload(r, packed, 0));
+    UFORM_TRY(uform_model_forward(r, layout, packed));
+    UFORM_TRY(b->matmul(r->context, r->late_vectors, NULL, r->final, uform_compute(r, layout, layout->token_head), tokens,
+                        width, layout->hidden, 0, 1, b->activations));
+    return b->normalize_rows(r->context, r->late_unit, r->late_vectors, tokens, width);
 }
 
 uform_status_t uform_model_choose(uform_replica_t* r, uform_layout_t const* layout, uform_packed_t const* packed) {
