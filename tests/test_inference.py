@@ -92,6 +92,7 @@ def test_bad_choices_are_refused_by_name(cpu, tmp_path):
         assert encoder.text_choose([], []) == []
         long = encoder.text_choose(["x" * 200, "short"], ["ab", "ab"])  # cut to fit a row beside its choice position
         assert len(long) == 2 and all(math.isclose(p.sum(), 1.0, rel_tol=1e-6) for p in long)
+        assert long.truncated_items == 1
         every = encoder.text_choose(["all of them"], [bytes(range(256))])[0]
         assert every.shape == (256,) and every.sum() == pytest.approx(1.0, rel=1e-5)
 
@@ -126,6 +127,8 @@ def test_token_vectors_are_what_training_scores(cpu, tmp_path):
         queries = encoder.embed_tokens(["text"] * 3, QUERIES, sides=["query"] * 3)
         documents = encoder.embed_tokens(["text"] * 4, DOCUMENTS)  # no sides: documents
         deferred = encoder.deferred().embed_tokens(["text"] * 4, DOCUMENTS).wait()
+        with pytest.raises(uform.InvalidArgument, match=r"sides\[1\]: none has no token vectors"):
+            encoder.embed_tokens(["text"] * 2, QUERIES[:2], sides=["query", "none"])
     assert [q.shape for q in queries] == [(12, 32)] * 3  # cut or padded to the span
     assert [d.shape for d in documents] == [(len(d), 32) for d in DOCUMENTS]
     assert all(np.array_equal(a, b) for a, b in zip(documents, deferred))
@@ -148,3 +151,4 @@ def test_token_vectors_need_a_token_head(cpu, tmp_path):
             encoder.embed_tokens(["text"], ["hello"])
         with pytest.raises(uform.InvalidArgument, match=r"sides\[0\]"):
             encoder.embed_tokens(["text"], ["hello"], sides=["sideways"])
+

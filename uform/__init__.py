@@ -65,6 +65,7 @@ __all__ = [
     "TrainerDeferred",
     "Encoder",
     "EncoderDeferred",
+    "Answers",
     "Deferred",
     "Modality",
     "Objective",
@@ -477,8 +478,18 @@ class TrainerDeferred:
         return f"<uform.TrainerDeferred of {self._trainer!r}>"
 
 
+class Answers(list):
+    """One array per item, as `Encoder.text_choose` and `Encoder.embed_tokens` answer them, and
+    `truncated_items`: how many items were cut to fit."""
+
+    def __init__(self, arrays: Any, truncated_items: int) -> None:
+        super().__init__(arrays)
+        self.truncated_items = int(truncated_items)
+
+
 class Encoder:
-    """A checkpoint loaded for inference: pooled embeddings, scored exactly as training scores them.
+    """A checkpoint loaded for inference: pooled embeddings, token vectors and choices, computed as
+    training computes them.
 
     Its geometry comes from the checkpoint itself. It borrows its executor until freed, and its
     verbs run on the executor's worker like a trainer's; `deferred()` has the same verbs answering a
@@ -554,15 +565,16 @@ class Encoder:
         kinds, tape, items = normalize_items(modalities, contents)
         side_values = normalize_sides(sides, items)
 
-        def embed_tokens() -> List[np.ndarray]:
-            vectors, offsets, _ = native.embed_tokens(kinds, tape, side_values)
-            return [vectors[int(offsets[i]):int(offsets[i + 1])] for i in range(items)]
+        def embed_tokens() -> Answers:
+            vectors, offsets, truncated = native.embed_tokens(kinds, tape, side_values)
+            return Answers((vectors[int(offsets[i]):int(offsets[i + 1])] for i in range(items)), truncated)
 
         return embed_tokens
 
-    def embed_tokens(self, modalities: Sequence[Any], contents: Any, sides: Any = None) -> List[np.ndarray]:
+    def embed_tokens(self, modalities: Sequence[Any], contents: Any, sides: Any = None) -> "Answers":
         """Each item's late-interaction token vectors, unit-norm float32 rows of the token head's width,
-        exactly as training scores them: one (rows, width) array per item, views into one buffer.
+        exactly as training scores them: one (rows, width) array per item, views into one buffer, in
+        a list whose `truncated_items` counts the items cut to fit.
 
         `sides` (one `LateInteractionSide` per item; None reads every item as a document) decides how
         an item is read: a query (or an item that is both) is cut to the run's `max_query_span` bytes
@@ -580,20 +592,22 @@ class Encoder:
         starts = np.array(choice_tape[1], dtype=np.int64)  # where each text's probabilities land
         starts -= starts[0]
 
-        def choose() -> List[np.ndarray]:
+        def choose() -> Answers:
             flat = np.empty(max(int(starts[-1]), 1), np.float32)
-            native.choose(text_tape, choice_tape, flat)
-            return [flat[starts[i]:starts[i + 1]] for i in range(items)]
+            truncated = native.choose(text_tape, choice_tape, flat)
+            return Answers((flat[starts[i]:starts[i + 1]] for i in range(items)), truncated)
 
         return choose
 
-    def text_choose(self, texts: Any, choices: Any) -> List[np.ndarray]:
+    def text_choose(self, texts: Any, choices: Any) -> "Answers":
         """Each text's probabilities over the bytes it may choose: the byte decoder's softmax at a choice
         position after the text, over those bytes only, exactly as the choices term scores it in training.
 
         `texts` and `choices` are lists of str / bytes (or `Tape`s), one entry of distinct legal bytes
         per text. Answers one float32 array per text, as long as its choices and summing to one: the
-        shape `choice_targets` takes, so one model's answers can train another.
+        shape `choice_targets` takes, so one model's answers can train another. The list's
+        `truncated_items` counts texts cut to fit a row beside their choice position. Any number of
+        choices up to 256 is answered, whatever a run's `max_choices_per_item`.
         """
         worker = self._worker()
         worker.refuse_own_thread()
@@ -601,7 +615,8 @@ class Encoder:
 
     def embed(self, modalities: Sequence[Any], contents: Any, scalar: Any = Scalar.F32,
               arena: Optional[Arena] = None) -> Rows:
-        """Pooled, unit-norm embeddings of any number of items, as `Rows` (items x hidden).
+        """Pooled, unit-norm embeddings of any number of items, as `Rows` (items x hidden), as training
+        pools an item read as plain contents (a query's padding and a choice position are not added).
 
         `contents` is a list of str / bytes or a `Tape`. Items longer than the checkpoint's
         `batch.max_columns_per_row` bytes are cut to that many; `rows.truncated_items` counts them.

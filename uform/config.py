@@ -427,12 +427,16 @@ class LateInteraction:
 
     weight: Optional[float] = _field(_F32, doc="The loss weight; absent trains no token head.")
     width: Optional[int] = _field(_U32, doc="The token vectors' width, a multiple of 8; absent derives 128.")
-    inverse_temperature: Optional[float] = _field(_F32)
-    bias: Optional[float] = _field(_F32)
-    max_query_span: Optional[int] = _field(_U32)
-    max_query_tokens_per_device: Optional[int] = _field(_U32)
-    max_documents_per_device: Optional[int] = _field(_U32)
-    max_document_tokens_per_device: Optional[int] = _field(_U32)
+    inverse_temperature: Optional[float] = _field(_F32, doc="The learned scale's start; absent derives 1.")
+    bias: Optional[float] = _field(_F32, doc="The learned bias's start; absent derives 0.")
+    max_query_span: Optional[int] = _field(
+        _U32, doc="A query's rows: cut to it and padded up to it; absent derives 32 (or what a row leaves).")
+    max_query_tokens_per_device: Optional[int] = _field(
+        _U32, doc="Query rows a step carries; absent derives max_segments_per_device x max_query_span.")
+    max_documents_per_device: Optional[int] = _field(
+        _U32, doc="Document-side items a step carries; absent derives max_segments_per_device.")
+    max_document_tokens_per_device: Optional[int] = _field(
+        _U32, doc="Document rows a step carries; absent derives the batch's tokens.")
     pair_loss: Union[PairLossForm, str, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps ranked.")
 
 

@@ -259,7 +259,10 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
         if (side < 0 || side > uform_late_interaction_query_and_document_k)
             return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, side);
         if (side != uform_late_interaction_none_k && !(c->late_interaction.weight > 0))
-            return UFORM_INVALID("batch.sides[%zu]: %d needs config.late_interaction.weight", i, side);
+            return UFORM_INVALID("batch.sides[%zu]: %s needs config.late_interaction.weight", i,
+                                 side == uform_late_interaction_query_k      ? "query"
+                                 : side == uform_late_interaction_document_k ? "document"
+                                                                             : "query_and_document");
         packed->sides[i] = (uint8_t)side;
     }
     size_t edges = 0;

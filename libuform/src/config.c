@@ -141,10 +141,15 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (late->weight > 0 && !late->max_query_span) late->max_query_span = room < 32 ? room : 32;
     if (late->weight > 0 && late->max_query_span > room)
         return UFORM_INVALID("config.late_interaction.max_query_span: %u does not fit config.batch.max_columns_per_row "
-                             "= %u",
-                             late->max_query_span, batch->max_columns_per_row);
+                             "= %u%s",
+                             late->max_query_span, batch->max_columns_per_row,
+                             room < batch->max_columns_per_row ? ", one column of which is the choice position" : "");
     if (!late->max_query_tokens_per_device)
         late->max_query_tokens_per_device = batch->max_segments_per_device * late->max_query_span;
+    if (late->weight > 0 && late->max_query_tokens_per_device < late->max_query_span)
+        return UFORM_INVALID("config.late_interaction.max_query_tokens_per_device: %u is below max_query_span = %u, "
+                             "so no query would fit",
+                             late->max_query_tokens_per_device, late->max_query_span);
     if (!late->max_documents_per_device) late->max_documents_per_device = batch->max_segments_per_device;
     if (!late->max_document_tokens_per_device)
         late->max_document_tokens_per_device = batch->max_rows_per_device * batch->max_columns_per_row;

@@ -205,9 +205,12 @@ static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, u
     tokens->offsets[0] = 0;
     for (size_t i = 0; i != tokens->count; ++i) {
         int side = tokens->sides ? (int)tokens->sides[i] : uform_late_interaction_document_k;
-        if (side < uform_late_interaction_query_k || side > uform_late_interaction_query_and_document_k)
+        if (side == uform_late_interaction_none_k)
             return uform_fail(error, uform_status_invalid_argument_k,
-                              "tokens.sides[%zu]: %d is not a side that has token vectors", i, side);
+                              "sides[%zu]: none has no token vectors; read an item as a query, a document or both", i);
+        if (side < 0 || side > uform_late_interaction_query_and_document_k)
+            return uform_fail(error, uform_status_invalid_argument_k, "sides[%zu]: %d is not a late-interaction side",
+                              i, side);
         uint64_t length = contents[i + 1] > contents[i] ? contents[i + 1] - contents[i] : 0;
         if (length > c->batch.max_columns_per_row) length = c->batch.max_columns_per_row;
         if (side != uform_late_interaction_document_k) length = c->late_interaction.max_query_span;
