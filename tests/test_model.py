@@ -397,6 +397,12 @@ def test_the_token_head_is_checkpointed_and_resumes(executor, tmp_path):
     with uform.Trainer.init_ram(executor, dict(made, resume=path)) as resumed:
         assert [resumed.step(step).stats.loss for _ in range(2)] == expected
         resumed.save(path, weights_only=True)
+    full = str(tmp_path / "full.safetensors")
+    with uform.Trainer.init_ram(executor, made) as trainer:
+        trainer.save(full)
+    for late, asked in ((None, 0), (dict(weight=1.0, width=8, max_query_span=8), 8)):
+        with pytest.raises(uform.InvalidCheckpoint, match=rf"late_interaction\.width .* = 16, the config asks for {asked}"):
+            uform.Trainer.init_ram(executor, dict(made, late_interaction=late, resume=full))
     with uform.Encoder.load(path, executor) as encoder:  # the token head travels in the weights-only file too
         assert np.asarray(encoder.embed(["text"] * 2, ["red panda", "bamboo"])).shape == (2, 128)
 

@@ -973,10 +973,13 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
                            "from it; load it for inference with uform_encoder_load (Encoder.load in Python)",
                            path);
     if (status == uform_status_success_k) status = uform_geometry_read(&header, &geometry, what, path, error);
+    uint64_t head = layout->token_head == SIZE_MAX ? 0 : layout->tensors[layout->token_head].rows;
     struct { char const* key; uint64_t found, expected; } fields[] = {
         {"depth", geometry.depth, layout->depth},
         {"hidden", geometry.hidden, layout->hidden},
-        {"temperature_groups", geometry.temperature_groups, layout->temperature_groups}};
+        {"temperature_groups", geometry.temperature_groups, layout->temperature_groups},
+        {"late_interaction.width (0: no token head, no late_interaction.weight)",
+         geometry.late_span ? geometry.late_width : 0, head}};
     for (size_t i = 0; i != sizeof(fields) / sizeof(fields[0]) && status == uform_status_success_k; ++i)
         if (fields[i].found != fields[i].expected)
             status = UFORM_BAD("%s: the checkpoint %s has %s = %llu, the config asks for %llu", what, path, fields[i].key,
