@@ -154,21 +154,24 @@ static uform_status_t uform_encoder_choices(uform_encoder_s* encoder, uform_enco
     uform_packed_t* packed = &encoder->packed;
     size_t count = choose->count;
     uint64_t base = choose->choices.offsets[0];
+    /* Every item is text: one list of modalities serves every chunk, which holds at most a pass's items. */
+    size_t most = encoder->config.given.batch.max_segments_per_device;
+    uform_modality_t* modalities = malloc((count < most ? count : most) * sizeof(uform_modality_t) + 1);
+    if (!modalities) return uform_fail(error, uform_status_out_of_memory_k, "no memory for %zu texts", most);
+    for (size_t i = 0; i != (count < most ? count : most); ++i) modalities[i] = uform_modality_text_k;
     uform_status_t status = uform_status_success_k;
     choose->truncated_items = 0;
     for (size_t first = 0; first < count && status == uform_status_success_k;) {
         size_t chunk = uform_encoder_chunk(encoder, choose->texts.offsets, first, count, 1);
         uform_tape_t texts = {choose->texts.data, choose->texts.offsets + first, chunk, choose->texts.size};
         uform_tape_t choices = {choose->choices.data, choose->choices.offsets + first, chunk, choose->choices.size};
-        uform_modality_t* modalities = malloc(chunk * sizeof(uform_modality_t));
-        if (!modalities) return uform_fail(error, uform_status_out_of_memory_k, "no memory for %zu texts", chunk);
-        for (size_t i = 0; i != chunk; ++i) modalities[i] = uform_modality_text_k;
         status = uform_batch_pack_choose(packed, &encoder->config, modalities, &texts, &choices, first, error);
-        free(modalities);
         if (status != uform_status_success_k) break;
-        if (packed->choice_snapshot[0] < base)
-            return uform_fail(error, uform_status_invalid_argument_k, "choose.choices.offsets[%zu]: below offsets[0]",
-                              first);
+        if (packed->choice_snapshot[0] < base) {
+            status = uform_fail(error, uform_status_invalid_argument_k, "choose.choices.offsets[%zu]: below offsets[0]",
+                                first);
+            break;
+        }
         choose->truncated_items += packed->truncated;
         size_t offered = packed->choice_offsets[packed->choices_count];
         status = uform_model_choose(replica, &encoder->layout, packed);
@@ -179,6 +182,7 @@ static uform_status_t uform_encoder_choices(uform_encoder_s* encoder, uform_enco
         if (status != uform_status_success_k && error) *error = uform_message();
         first += chunk;
     }
+    free(modalities);
     return status;
 }
 
