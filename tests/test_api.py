@@ -254,6 +254,7 @@ def test_unknown_keys_name_their_full_path(cpu, config, message):
         (dict(schedule=dict(steps=-10)), "config.schedule.steps"),
         (dict(contrastive=dict(pair_loss=9)), "config.contrastive.pair_loss"),
         (dict(contrastive=dict(matryoshka_dimensions=[64, -1])), "config.contrastive.matryoshka_dimensions[1]"),
+        (dict(contrastive=dict(matryoshka_dimensions=[64, 32, 64])), "config.contrastive.matryoshka_dimensions[2]"),
         (dict(batch=[4, 32]), "config.batch"),
         (dict(resume=42), "config.resume"),
     ],

@@ -129,6 +129,13 @@ def test_token_vectors_are_what_training_scores(cpu, tmp_path):
         deferred = encoder.deferred().embed_tokens(["text"] * 4, DOCUMENTS).wait()
         with pytest.raises(uform.InvalidArgument, match=r"sides\[1\]: none has no token vectors"):
             encoder.embed_tokens(["text"] * 2, QUERIES[:2], sides=["query", "none"])
+        # Refused while sizing, before any vector is computed, and counted alike in both passes.
+        with pytest.raises(uform.Unsupported, match=r"modalities\[1\]: token vectors are read from text items"):
+            encoder.embed_tokens(["text", "image"], ["a", b"\xff\xd8"])
+        with pytest.raises(uform.InvalidArgument, match=r"contents\[1\]: empty"):
+            encoder.embed_tokens(["text"] * 2, ["a", ""])
+        cut = encoder.embed_tokens(["text"] * 3, ["q" * 13, "q" * 12, "d" * 65], sides=["query", "query", "document"])
+    assert cut.truncated_items == 2 and [len(v) for v in cut] == [12, 12, 64]
     assert [q.shape for q in queries] == [(12, 32)] * 3  # cut or padded to the span
     assert [d.shape for d in documents] == [(len(d), 32) for d in DOCUMENTS]
     assert all(np.array_equal(a, b) for a, b in zip(documents, deferred))

@@ -400,9 +400,20 @@ def test_the_token_head_is_checkpointed_and_resumes(executor, tmp_path):
     full = str(tmp_path / "full.safetensors")
     with uform.Trainer.init_ram(executor, made) as trainer:
         trainer.save(full)
-    for late, asked in ((None, 0), (dict(weight=1.0, width=8, max_query_span=8), 8)):
-        with pytest.raises(uform.InvalidCheckpoint, match=rf"late_interaction\.width .* = 16, the config asks for {asked}"):
-            uform.Trainer.init_ram(executor, dict(made, late_interaction=late, resume=full))
+    with pytest.raises(uform.InvalidCheckpoint, match=r"has a late-interaction token head, the config trains none"):
+        uform.Trainer.init_ram(executor, dict(made, late_interaction=None, resume=full))
+    with pytest.raises(uform.InvalidCheckpoint, match=r"late_interaction\.width = 16, the config asks for 8"):
+        uform.Trainer.init_ram(executor, dict(made, late_interaction=dict(weight=1.0, width=8, max_query_span=8),
+                                              resume=full))
+    # A span set without the term trains no head, and its checkpoints load and resume.
+    plain = str(tmp_path / "plain.safetensors")
+    unweighted = dict(made, late_interaction=dict(max_query_span=8))
+    with uform.Trainer.init_ram(executor, unweighted) as trainer:
+        trainer.save(plain)
+    with pytest.raises(uform.InvalidCheckpoint, match=r"has no late-interaction token head, the config trains one"):
+        uform.Trainer.init_ram(executor, dict(made, resume=plain))
+    uform.Trainer.init_ram(executor, dict(unweighted, resume=plain)).free()
+    uform.Encoder.load(plain, executor).free()
     with uform.Encoder.load(path, executor) as encoder:  # the token head travels in the weights-only file too
         assert np.asarray(encoder.embed(["text"] * 2, ["red panda", "bamboo"])).shape == (2, 128)
 

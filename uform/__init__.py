@@ -117,7 +117,7 @@ def _alive(borrower: Any) -> bool:
 class Executor:
     """Where work runs: the CPU reference backend (`for_ram`) or a set of GPUs (`for_vram`).
 
-    Verbs of the trainers on one executor run on its worker thread, one after another, in the order
+    Verbs of the trainers and encoders on one executor run on its worker thread, one after another, in the order
     they were submitted. Free it with `free()` or a `with` block, after the trainers and meshes that
     borrow it.
     """

@@ -110,7 +110,7 @@ class Tape:
         return self._items[int(self._offsets[index]) : int(self._offsets[index + 1])]
 
     def __repr__(self) -> str:
-        kind = "float32" if self.is_float32 else "bytes"
+        kind = "float32" if self.is_float32 else "bytes" if self._items.itemsize == 1 else f"'{self._items.format}' items"
         return f"Tape({len(self)} entries, {len(self._items)} {kind})"
 
     def _pinnable(self, path: str, float32: bool):

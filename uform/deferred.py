@@ -27,7 +27,7 @@ class Deferred:
     """The answer of a deferred verb, before and after it lands.
 
     `await deferred` and `deferred.wait()` both return the verb's result (a `Stepped` for `step`,
-    None for `save`) or raise its error. Cancelling the awaiting task stops the waiting, never the
+    None for `save`, `Rows` for `embed`, `Answers` for `embed_tokens` and `text_choose`) or raise its error. Cancelling the awaiting task stops the waiting, never the
     verb: a submitted verb always runs.
     """
 

@@ -17,7 +17,8 @@
  *  - `uform_trainer_t`: one training run: the weights, the optimizer's moments and the step.
  *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows
  *    it fails with `uform_status_busy_k`.
- *  - `uform_encoder_t`: a checkpoint loaded for inference: pooled embeddings of any number of items.
+ *  - `uform_encoder_t`: a checkpoint loaded for inference: pooled embeddings, late-interaction token
+ *    vectors and choice probabilities of any number of items.
  *    It holds the weights and the activations of one pass, not a trainer's moments and gradients.
  *
  *  Every handle is checked against the library's table of live handles before use, so a freed
@@ -25,7 +26,7 @@
  *
  *  @section  Threads
  *
- *  Any thread may call any verb. Verbs on one trainer are serialized: a second caller waits
+ *  Any thread may call any verb. Verbs on one trainer (or encoder) are serialized: a second caller waits
  *  until the first returns, so steps never interleave. A RAM executor runs each verb on the
  *  calling thread plus `threads - 1` helpers of its own.
  *
@@ -486,7 +487,11 @@ typedef struct uform_encoder_embed_t {
 UFORM_API uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, uform_encoder_t* encoder,
                                             size_t* hidden, char const** error);
 
-/** @brief Embeds items as training scores them, without masking: the mean final state, unit-norm. */
+/**
+ *  @brief Embeds items as training scores them, without masking: the mean final state, unit-norm.
+ *
+ *  A Matryoshka prefix of width m is the first m components of a row, re-normalized.
+ */
 UFORM_API uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, char const** error);
 
 /** @brief Texts, the bytes each may choose, and where each choice's probability lands. */
@@ -494,8 +499,9 @@ typedef struct uform_encoder_choose_t {
     size_t count;             /**< Items; any number: the encoder splits them to fit. */
     uform_tape_t texts;       /**< `count` UTF-8 byte entries. */
     uform_tape_t choices;     /**< `count` entries of distinct legal bytes, one or more each. */
-    float* probabilities;     /**< Out: one float32 per offered byte, as `choices` lays them out, each
-                                   item's summing to one: the shape `choice_targets` takes. */
+    float* probabilities;     /**< Out: `choices.offsets[count] - choices.offsets[0]` float32s, one per
+                                   offered byte: item i's land from `choices.offsets[i] - choices.offsets[0]`,
+                                   each item's summing to one: the shape `choice_targets` takes. */
     uint64_t truncated_items; /**< Out: texts cut to fit a row beside their choice position. */
 } uform_encoder_choose_t;
 
@@ -514,15 +520,19 @@ typedef struct uform_encoder_tokens_t {
     uform_late_interaction_side_t const* sides; /**< NULL reads every item as a document; a query (or an item
                                                      that is both) is cut and padded to its span, as training reads it. */
     uint64_t* offsets;       /**< Out: `count + 1` offsets, in rows, of each item's vectors; required. */
-    float* vectors;          /**< Out: `offsets[count]` unit rows of `width` float32s, item after item; NULL
-                                  fills `offsets` and `width` alone, to size the buffer. */
+    float* vectors;          /**< Out: `offsets[count]` unit rows of `width` float32s, item after item. The
+                                  library cannot know its size: call first with NULL, which checks the items
+                                  and fills `offsets`, `width` and `truncated_items` alone, then pass
+                                  room for `offsets[count] * width` floats. */
     size_t width;            /**< Out: the token vectors' width. */
-    uint64_t truncated_items; /**< Out: items cut to fit. */
+    uint64_t truncated_items; /**< Out: items cut to fit: a document longer than `max_columns_per_row`, a
+                                   query longer than `late_interaction.max_query_span`. */
 } uform_encoder_tokens_t;
 
 /**
  *  @brief The token head's unit vectors of each item's rows, as the late-interaction term scores
- *  them in training. Refused for a checkpoint trained without late interaction, which has no head.
+ *  them in training. Refused (`uform_status_invalid_argument_k`) for a checkpoint trained without
+ *  late interaction, which has no head. Only text items have token vectors in this build.
  */
 UFORM_API uform_status_t uform_encoder_embed_tokens(uform_encoder_t encoder, uform_encoder_tokens_t* tokens,
                                                     char const** error);

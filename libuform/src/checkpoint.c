@@ -978,8 +978,11 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
         {"depth", geometry.depth, layout->depth},
         {"hidden", geometry.hidden, layout->hidden},
         {"temperature_groups", geometry.temperature_groups, layout->temperature_groups},
-        {"late_interaction.width (0: no token head, no late_interaction.weight)",
-         geometry.late_span ? geometry.late_width : 0, head}};
+        {"late_interaction.width", geometry.late_span ? geometry.late_width : 0, head}};
+    if (status == uform_status_success_k && !geometry.late_span != !head)
+        status = UFORM_BAD("%s: the checkpoint %s %s late-interaction token head, the config %s (late_interaction.weight "
+                           "%s)", what, path, head ? "has no" : "has a", head ? "trains one" : "trains none",
+                           head ? "> 0" : "= 0");
     for (size_t i = 0; i != sizeof(fields) / sizeof(fields[0]) && status == uform_status_success_k; ++i)
         if (fields[i].found != fields[i].expected)
             status = UFORM_BAD("%s: the checkpoint %s has %s = %llu, the config asks for %llu", what, path, fields[i].key,

@@ -93,6 +93,9 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
         if (dimension == 0 || dimension > c->hidden)
             return UFORM_INVALID("config.contrastive.matryoshka_dimensions[%zu]: %u is not in [1, hidden = %u]", i,
                                  dimension, c->hidden);
+        for (size_t j = 0; j != i; ++j)
+            if (dimension == config->matryoshka[j])
+                return UFORM_INVALID("config.contrastive.matryoshka_dimensions[%zu]: %u is given twice", i, dimension);
         config->matryoshka[i] = dimension;
     }
     if (!contrastive->matryoshka_dimensions_count) config->matryoshka[0] = c->hidden, contrastive->matryoshka_dimensions_count = 1;
@@ -144,6 +147,8 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
                              "= %u%s",
                              late->max_query_span, batch->max_columns_per_row,
                              room < batch->max_columns_per_row ? ", one column of which is the choice position" : "");
+    /* The span marks a run with a token head in the config a checkpoint records: none without the term. */
+    if (!(late->weight > 0)) late->max_query_span = 0;
     if (!late->max_query_tokens_per_device)
         late->max_query_tokens_per_device = batch->max_segments_per_device * late->max_query_span;
     if (late->weight > 0 && late->max_query_tokens_per_device < late->max_query_span)

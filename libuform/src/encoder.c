@@ -207,8 +207,17 @@ static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, u
     uform_trainer_init_vram_t const* c = &encoder->config.given;
     uint64_t const* contents = tokens->contents.offsets;
     tokens->offsets[0] = 0;
+    tokens->truncated_items = 0;
     for (size_t i = 0; i != tokens->count; ++i) {
         int side = tokens->sides ? (int)tokens->sides[i] : uform_late_interaction_document_k;
+        uform_modality_t modality = tokens->modalities[i];
+        if (modality < uform_modality_text_k || modality > uform_modality_audio_k)
+            return uform_fail(error, uform_status_invalid_argument_k, "modalities[%zu]: %d is not a modality", i,
+                              (int)modality);
+        if (modality != uform_modality_text_k)
+            return uform_fail(error, uform_status_unsupported_k,
+                              "modalities[%zu]: token vectors are read from text items; this one is modality %d", i,
+                              (int)modality);
         if (side == uform_late_interaction_none_k)
             return uform_fail(error, uform_status_invalid_argument_k,
                               "sides[%zu]: none has no token vectors; read an item as a query, a document or both", i);
@@ -216,8 +225,14 @@ static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, u
             return uform_fail(error, uform_status_invalid_argument_k, "sides[%zu]: %d is not a late-interaction side",
                               i, side);
         uint64_t length = contents[i + 1] > contents[i] ? contents[i + 1] - contents[i] : 0;
-        if (length > c->batch.max_columns_per_row) length = c->batch.max_columns_per_row;
-        if (side != uform_late_interaction_document_k) length = c->late_interaction.max_query_span;
+        if (!length)
+            return uform_fail(error, uform_status_invalid_argument_k,
+                              "contents[%zu]: empty; every item needs at least one byte", i);
+        /* Both calls, the one that sizes and the one that fills, answer the same count. */
+        uint64_t rows = side != uform_late_interaction_document_k ? c->late_interaction.max_query_span
+                                                                  : c->batch.max_columns_per_row;
+        tokens->truncated_items += length > rows;
+        if (length > rows || side != uform_late_interaction_document_k) length = rows;
         tokens->offsets[i + 1] = tokens->offsets[i] + length;
     }
     return uform_status_success_k;
@@ -232,14 +247,12 @@ static uform_status_t uform_encoder_tokens(uform_encoder_s* encoder, uform_encod
         return uform_fail(error, uform_status_invalid_argument_k,
                           "encoder: this checkpoint has no token head; a run trains one with late_interaction.weight > 0");
     uform_status_t status = uform_encoder_token_rows(encoder, tokens, error);
-    tokens->truncated_items = 0;
     for (size_t first = 0; first < count && status == uform_status_success_k && tokens->vectors;) {
         size_t chunk = uform_encoder_chunk(encoder, tokens->offsets, first, count, 0);
         uform_tape_t part = {tokens->contents.data, tokens->contents.offsets + first, chunk, tokens->contents.size};
         status = uform_batch_pack_plain(&encoder->packed, &encoder->config, tokens->modalities + first, &part,
                                         tokens->sides ? tokens->sides + first : NULL, first, error);
         if (status != uform_status_success_k) break;
-        tokens->truncated_items += encoder->packed.truncated;
         if (encoder->packed.tokens_count != tokens->offsets[first + chunk] - tokens->offsets[first])
             return uform_fail(error, uform_status_invalid_argument_k,
                               "tokens.contents.offsets: changed while the encoder read them (items %zu to %zu)", first,
