@@ -1,0 +1,265 @@
+"""`uform.torch`: a checkpoint as a `torch.nn.Module` answers what `uform.Encoder` answers.
+
+PyTorch is an optional extra, so these tests skip where it is not installed (CI installs `.[test]`
+only); the ONNX test also needs `onnx` and `onnxscript`, and checks numbers where `onnxruntime` is.
+Both sides compute in float32 on the CPU and agree to float32 rounding: the difference is the order of
+additions (OpenBLAS's and PyTorch's products, attention's softmax), measured below 1e-6 on these
+models; the tests allow 1e-5.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import uform
+
+torch = pytest.importorskip("torch")
+import uform.torch as uform_torch  # noqa: E402 - after the skip
+
+TOLERANCE = 1e-5
+TEXTS = ["a", " ", "?", "red pandas eat bamboo", "é中文🙂 and a little unicode: ∀x ∈ ℝ", "x" * 200,
+         "stars shine at night", "\x00\x01 control bytes", "the quick brown fox " * 5]
+SIDES = ["query", "document", "query_and_document", "document", "query", "document", "query", "document",
+         "query_and_document"]
+CHOICES = ["yn", "ab", "xyz", "yn", bytes(range(256)), "yn", "é", "0123456789", "tf"]
+
+
+def train(cpu, path, late):
+    """A tiny model trained a few steps on the CPU backend, saved whole and weights-only."""
+    config = dict(depth=2, hidden=128, objective=uform.Objective.JOINT, seed=11,
+                  schedule=dict(steps=100, warmup_steps=2, learning_rate=3e-3),
+                  batch=dict(max_rows_per_device=8, max_columns_per_row=64))
+    batch = dict(modalities=[uform.Modality.TEXT] * 4, contents=["red panda", "bamboo", "bright star", "night sky"],
+                 relations=dict(attract=uform.Edges([0, 1, 2, 3, 4], [1, 0, 3, 2])))
+    if late:
+        config.update(late_interaction=dict(weight=1.0, width=32, max_query_span=12), choices=dict(weight=1.0))
+        config["batch"]["max_choices_per_item"] = 4
+        batch.update(sides=["query", "document", "query", "document"], choices=["yn", "yn", "ab", "ab"],
+                     choice_targets=[np.array([0.7, 0.3], np.float32)] * 4)
+    with uform.Trainer.init_ram(cpu, config) as trainer:
+        for _ in range(4):
+            trainer.step(batch)
+        trainer.save(path + ".safetensors")
+        trainer.save(path + ".weights.safetensors", weights_only=True)
+    return path + ".safetensors", path + ".weights.safetensors"
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    with uform.Executor.for_ram(threads=2) as executor:
+        yield executor
+
+
+@pytest.fixture(scope="module")
+def checkpoints(cpu, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("torch")
+    plain, plain_weights = train(cpu, str(folder / "plain"), late=False)
+    late, late_weights = train(cpu, str(folder / "late"), late=True)
+    return dict(plain=plain, plain_weights=plain_weights, late=late, late_weights=late_weights)
+
+
+def library_embed(cpu, path, texts):
+    with uform.Encoder.load(path, cpu) as encoder:
+        return np.array(encoder.embed([uform.Modality.TEXT] * len(texts), texts))
+
+
+def largest_difference(ours, theirs):
+    assert len(ours) == len(theirs)
+    differences = [0.0]
+    for a, b in zip(ours, theirs):
+        a = a.detach().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        assert a.shape == np.shape(b)
+        differences.append(float(np.abs(a - b).max()) if a.size else 0.0)
+    return max(differences)
+
+
+@pytest.mark.parametrize("name", ["plain", "plain_weights", "late", "late_weights"])
+def test_embeddings_match_the_encoder(cpu, checkpoints, name):
+    path = checkpoints[name]
+    expected = library_embed(cpu, path, TEXTS)
+    module = uform_torch.load(path)
+    assert isinstance(module, torch.nn.Module) and not module.training
+    with torch.no_grad():
+        embeddings = module.embed(TEXTS)
+        prefix = module.embed(TEXTS, dimensions=64)
+    assert embeddings.shape == (len(TEXTS), 128) and embeddings.dtype == torch.float32
+    assert largest_difference(embeddings, expected) < TOLERANCE
+    # A Matryoshka prefix is the first components of the mean, re-normalized, as training scores it.
+    widths = expected[:, :64] / np.linalg.norm(expected[:, :64], axis=1, keepdims=True)
+    assert largest_difference(prefix, widths) < TOLERANCE
+    assert torch.allclose(prefix.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-6)
+
+
+def test_padding_and_batching_change_nothing(checkpoints):
+    module = uform_torch.load(checkpoints["plain"])
+    with torch.no_grad():
+        alone = torch.cat([module.embed([text]) for text in TEXTS])
+        together = module.embed(TEXTS, batch_size=3)
+        tokens, lengths, truncated = module.tokenize(TEXTS)
+        assert truncated == 2 and int(lengths.max()) == module.max_columns_per_row  # the two long ones, cut to a row
+        short = lengths < 40
+        padded = torch.nn.functional.pad(tokens[short, :40], (0, 7), value=99)  # wider than needed
+        padded[torch.arange(47)[None, :] >= lengths[short][:, None]] = 97  # and what pads does not matter
+        noisy = module(padded, lengths[short])
+    assert (alone - together).abs().max() < 1e-6
+    assert (noisy - together[short]).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("name", ["late", "late_weights"])
+def test_token_vectors_match_the_encoder(cpu, checkpoints, name):
+    path = checkpoints[name]
+    module = uform_torch.load(path)
+    with uform.Encoder.load(path, cpu) as encoder:
+        for sides in [None, SIDES]:
+            expected = encoder.embed_tokens([uform.Modality.TEXT] * len(TEXTS), TEXTS, sides=sides)
+            with torch.no_grad():
+                vectors = module.embed_tokens(TEXTS, sides=sides, batch_size=4)
+            assert largest_difference(vectors, expected) < TOLERANCE
+    # A query answers max_query_span rows: cut to the span, or padded up to it with QUERY_PAD_ID.
+    assert [len(v) for v in vectors[:3]] == [12, 1, 12]
+    tokens, lengths, _ = module.tokenize(["hi", "x" * 30], sides=["query", "query"])
+    assert lengths.tolist() == [12, 12] and tokens[0, 2:12].tolist() == [uform_torch.QUERY_PAD_ID] * 10
+
+
+@pytest.mark.parametrize("name", ["plain", "late_weights"])
+def test_choices_match_the_encoder(cpu, checkpoints, name):
+    path = checkpoints[name]
+    module = uform_torch.load(path)
+    with uform.Encoder.load(path, cpu) as encoder:
+        expected = encoder.text_choose(TEXTS, CHOICES)
+    with torch.no_grad():
+        probabilities = module.text_choose(TEXTS, CHOICES)
+    assert largest_difference(probabilities, expected) < TOLERANCE
+    assert all(abs(float(p.sum()) - 1) < 1e-5 for p in probabilities)
+    # The choice position follows the content, which is cut one byte shorter to leave it room.
+    tokens, lengths, truncated = module.tokenize(["ab", "x" * 200], choosing=True)
+    assert lengths.tolist() == [3, 64] and truncated == 1
+    assert tokens[0, :3].tolist() == [97, 98, uform_torch.CHOICE_ID] and tokens[1, 63] == uform_torch.CHOICE_ID
+
+
+def test_state_dict_names_are_the_checkpoints(checkpoints):
+    module = uform_torch.load(checkpoints["late"])
+    with safe_open(checkpoints["late_weights"], framework="np") as file:
+        assert sorted(module.state_dict()) == sorted(file.keys())
+
+
+def test_fine_tuned_weights_go_back_to_the_library(cpu, checkpoints, tmp_path):
+    """A module changed in PyTorch saves a weights-only checkpoint that `uform.Encoder` reads."""
+    module = uform_torch.load(checkpoints["late"])
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    tokens, lengths, _ = module.tokenize(["red panda", "bamboo"])
+    embeddings = module(tokens, lengths)
+    (1 - (embeddings[0] * embeddings[1]).sum()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.blocks.parameters())
+    optimizer.step()
+    path = str(tmp_path / "tuned.safetensors")
+    uform_torch.save(module, path)
+    with torch.no_grad():
+        ours = module.embed(TEXTS)
+    assert largest_difference(ours, library_embed(cpu, path, TEXTS)) < TOLERANCE
+    assert largest_difference(ours, library_embed(cpu, checkpoints["late"], TEXTS)) > 1e-3  # it did change
+    again = uform_torch.load(path)
+    assert again.step == module.step and again.max_query_span == 12
+    with torch.no_grad():
+        assert torch.equal(again.embed(TEXTS), ours)
+
+
+def test_bfloat16_stays_close(checkpoints):
+    with torch.no_grad():
+        exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)
+        brief = uform_torch.load(checkpoints["plain"], dtype=torch.bfloat16).embed(TEXTS)
+    assert brief.dtype == torch.bfloat16
+    assert float((brief.float() * exact).sum(1).min()) > 0.99
+
+
+def rewrite(source, destination, change_tensors=None, change_metadata=None):
+    with safe_open(source, framework="np") as file:
+        metadata = dict(file.metadata())
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    if change_tensors:
+        change_tensors(tensors)
+    if change_metadata:
+        change_metadata(metadata)
+    save_file(tensors, destination, metadata=metadata)
+    return destination
+
+
+def test_what_this_module_does_not_build_is_refused_by_name(checkpoints, tmp_path):
+    source = checkpoints["plain_weights"]
+    image = rewrite(source, str(tmp_path / "image.safetensors"),
+                    lambda t: t.update({"image.patch_embedding": np.zeros((128, 768), np.float32)}))
+    with pytest.raises(uform.Unsupported, match=r"holds image weights \(image.patch_embedding\)"):
+        uform_torch.load(image)
+    head = rewrite(source, str(tmp_path / "head.safetensors"),
+                   lambda t: t.update({"reranker.head": np.zeros((1, 128), np.float32)}))
+    with pytest.raises(uform.InvalidCheckpoint, match="holds the tensor reranker.head, which uform.torch does not"):
+        uform_torch.load(head)
+    missing = rewrite(source, str(tmp_path / "missing.safetensors"), lambda t: t.pop("blocks.1.up"))
+    with pytest.raises(uform.InvalidCheckpoint, match="lacks the tensor blocks.1.up"):
+        uform_torch.load(missing)
+    shaped = rewrite(source, str(tmp_path / "shaped.safetensors"),
+                     lambda t: t.update({"final_norm": np.ones(64, np.float32)}))
+    with pytest.raises(uform.InvalidCheckpoint, match=r"holds final_norm as F32 \[64\], the model needs F32 \[128\]"):
+        uform_torch.load(shaped)
+    moment = rewrite(source, str(tmp_path / "moment.safetensors"),
+                     lambda t: t.update({"adamw.first.final_norm": np.ones(128, np.float32)}))
+    with pytest.raises(uform.InvalidCheckpoint, match="weights_only is \"true\" yet holds the moment"):
+        uform_torch.load(moment)
+    formatted = rewrite(source, str(tmp_path / "format.safetensors"), None, lambda m: m.update(format="uform/9"))
+    with pytest.raises(uform.InvalidCheckpoint, match="__metadata__.format = 'uform/9'"):
+        uform_torch.load(formatted)
+    with pytest.raises(uform.InvalidCheckpoint, match="not a readable safetensors file"):
+        uform_torch.load(__file__)
+
+
+def test_bad_inputs_are_refused_by_name(checkpoints):
+    plain = uform_torch.load(checkpoints["plain"])
+    with pytest.raises(uform.InvalidArgument, match="no token head"):
+        plain.embed_tokens(["a"])
+    with pytest.raises(uform.InvalidArgument, match=r"texts\[1\]: empty"):
+        plain.embed(["a", ""])
+    with pytest.raises(uform.InvalidArgument, match=r"texts\[0\]: cannot be encoded as UTF-8"):
+        plain.embed(["\ud800"])
+    with pytest.raises(uform.InvalidArgument, match="dimensions: 129 is not a width"):
+        plain.embed(["a"], dimensions=129)
+    with pytest.raises(uform.InvalidArgument, match=r"choices\[0\]: byte 121 is offered twice"):
+        plain.text_choose(["a"], ["yny"])
+    with pytest.raises(uform.InvalidArgument, match=r"choices\[1\]: empty"):
+        plain.text_choose(["a", "b"], ["yn", ""])
+    with pytest.raises(uform.InvalidArgument, match=r"sides\[0\]: none has no token vectors"):
+        uform_torch.load(checkpoints["late"]).embed_tokens(["a"], sides=["none"])
+    assert plain.embed([]).shape == (0, 128) and plain.text_choose([], []) == []
+
+
+def test_onnx_export_computes_the_same(checkpoints, tmp_path):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")  # torch.onnx's exporter writes the graph through it
+    module = uform_torch.load(checkpoints["plain_weights"])
+    example = module.tokenize(["an example", "b"])
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=module.max_columns_per_row)
+    path = str(tmp_path / "encoder.onnx")
+    torch.onnx.export(module, (example.tokens, example.lengths), path, input_names=["tokens", "lengths"],
+                      output_names=["embeddings"], dynamic_shapes={"tokens": {0: batch, 1: seq}, "lengths": {0: batch}},
+                      dynamo=True)
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    other = module.tokenize(TEXTS)  # another batch and length than the example's
+    (answer,) = session.run(None, {"tokens": other.tokens.numpy(), "lengths": other.lengths.numpy()})
+    with torch.no_grad():
+        assert np.abs(answer - module.embed(TEXTS).numpy()).max() < TOLERANCE
+
+
+def test_importing_uform_does_not_import_torch(tmp_path):
+    root = os.path.dirname(os.path.dirname(uform.__file__))
+    environment = dict(os.environ, PYTHONPATH=root)
+    check = "import sys, uform; assert 'torch' not in sys.modules, 'uform imported torch'"
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=tmp_path, env=environment)
+    absent = ("import sys; sys.modules['torch'] = None\n"
+              "try:\n    import uform.torch\nexcept ImportError as error:\n    print(error)")
+    printed = subprocess.run([sys.executable, "-c", absent], check=True, cwd=tmp_path, env=environment,
+                             capture_output=True, text=True).stdout
+    assert 'pip install "uform[torch]"' in printed

@@ -1,0 +1,437 @@
+"""A uform checkpoint as a `torch.nn.Module`, for serving, fine-tuning or export with PyTorch's tools.
+
+`load(path)` reads a checkpoint that `Trainer.save` wrote, whole or weights-only, and answers an
+`Encoder` module computing what `uform.Encoder` computes (`docs/model.md`): pooled embeddings,
+late-interaction token vectors and choice probabilities, from the same byte tokens, cut and padded
+as the library reads them. Its parameters bear the checkpoint's tensor names (`state_dict()` keys
+are `text.embedding`, `blocks.0.qkv`, ...), so `save(module, path)` writes a weights-only
+checkpoint that `uform.Encoder.load` reads back.
+
+The library packs items into rows and lets each attend only within itself; this module puts each
+item in its own row of a padded (batch, seq) tensor and masks the padding out of attention and
+pooling, so padding never changes a result. Positions restart at zero in each item, as they do in
+the library.
+
+PyTorch is an optional extra (`pip install "uform[torch]"`): `import uform` never imports it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as error:  # the core package works without it; only this module needs it
+    raise ImportError(f"uform.torch needs PyTorch, an optional extra: pip install \"uform[torch]\" ({error})") from None
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import LateInteractionSide, enum_member
+from .errors import InvalidArgument, InvalidCheckpoint, Unsupported
+
+__all__ = ["Encoder", "Tokenized", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID"]
+
+MASK_ID = 256  #: Shown at masked positions in training.
+CHOICE_ID = 257  #: The position after a text's content whose decoder logits choose.
+QUERY_PAD_ID = 258  #: Pads a late-interaction query up to `max_query_span`.
+HEAD_WIDTH = 64
+VOCABULARY = 260  # bytes, the three ids above and one reserved
+BYTES = 256
+FORMAT = "uform/1"
+ENCODER_TOKENS = 16384  # the longest row `uform.Encoder` packs; a trainer refuses longer rows
+MODALITIES = ("image", "video", "audio")  # declared by the library, not built by this module
+
+
+class Tokenized(NamedTuple):
+    """Items as the model reads them: `tokens` (batch, seq) int64 ids, padded with zeros past each
+    item's `lengths` (batch,) int64, and how many items were cut to fit."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    truncated_items: int
+
+
+def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + 1e-6) * gain, the statistic in float32 whatever the module's dtype."""
+    wide = x.float()
+    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * gain
+
+
+def _rope(x: torch.Tensor, cosines: torch.Tensor, sines: torch.Tensor) -> torch.Tensor:
+    """Rotates each head's interleaved pairs (x[2i], x[2i+1]) of x (batch, seq, heads, 64) by the
+    angles whose cosines and sines (seq, 32) the positions pick."""
+    pairs = x.unflatten(-1, (HEAD_WIDTH // 2, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    cosines, sines = cosines[None, :, None, :].to(x.dtype), sines[None, :, None, :].to(x.dtype)
+    return torch.stack((even * cosines - odd * sines, even * sines + odd * cosines), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block; weights are stored (out, in), as the checkpoint stores them."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.heads = hidden // HEAD_WIDTH
+        self.attention_norm = nn.Parameter(torch.ones(hidden))
+        self.qkv = nn.Parameter(torch.empty(3 * hidden, hidden))  # rows: queries, then keys, then values
+        self.out = nn.Parameter(torch.empty(hidden, hidden))
+        self.mlp_norm = nn.Parameter(torch.ones(hidden))
+        self.up = nn.Parameter(torch.empty(4 * hidden, hidden))
+        self.down = nn.Parameter(torch.empty(hidden, 4 * hidden))
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, cosines: torch.Tensor, sines: torch.Tensor) -> torch.Tensor:
+        """x (batch, seq, hidden); keys (batch, 1, 1, seq) says which positions each item attends to."""
+        qkv = F.linear(_rmsnorm(x, self.attention_norm), self.qkv).unflatten(-1, (3, self.heads, HEAD_WIDTH))
+        queries, keys_, values = qkv.unbind(2)  # each (batch, seq, heads, 64)
+        queries, keys_ = _rope(queries, cosines, sines), _rope(keys_, cosines, sines)
+        attended = F.scaled_dot_product_attention(queries.transpose(1, 2), keys_.transpose(1, 2),
+                                                  values.transpose(1, 2), attn_mask=keys, scale=1.0 / 8.0)
+        x = x + F.linear(attended.transpose(1, 2).flatten(-2), self.out)
+        return x + F.linear(F.gelu(F.linear(_rmsnorm(x, self.mlp_norm), self.up), approximate="tanh"), self.down)
+
+
+class _Text(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.embedding = nn.Parameter(torch.empty(VOCABULARY, hidden))
+        self.decoder = nn.Parameter(torch.empty(BYTES, hidden))  # the byte decoder: masked and choice positions
+
+
+class _Scores(nn.Module):
+    """A term's learned inverse temperatures (as logarithms) and biases, one per group."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.log_inverse_temperature = nn.Parameter(torch.zeros(groups))
+        self.bias = nn.Parameter(torch.zeros(groups))
+
+
+class _LateInteraction(_Scores):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__(1)
+        self.token_head = nn.Parameter(torch.empty(width, hidden))
+
+
+def _positive(config: dict, keys: Sequence[str], where: str, required: bool = True) -> int:
+    """An integer field of the checkpoint's config, found by its path."""
+    value: Any = config
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    name = ".".join(keys)
+    if value is None and not required:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (required and value == 0):
+        raise InvalidCheckpoint(f"{where} has config.{name} = {value!r}; expected a positive integer")
+    return value
+
+
+class Encoder(nn.Module):
+    """The encoder of a uform checkpoint: `load(path)` makes one.
+
+    Tensor-level verbs take `tokens` (batch, seq) int64 ids and `lengths` (batch,) int64, each item
+    in its own row, padded past its length with any id; `tokenize` builds them from texts. Each item
+    attends only within itself, so padding changes nothing, and `seq` may not exceed the
+    checkpoint's `max_columns_per_row`. Text-level verbs (`embed`, `embed_tokens`, `text_choose`)
+    answer what `uform.Encoder`'s verbs of those names answer. Every verb follows PyTorch's grad
+    mode: wrap inference in `torch.no_grad()` or `torch.inference_mode()`.
+    """
+
+    def __init__(self, config: dict, step: int = 0, config_json: Optional[str] = None) -> None:
+        super().__init__()
+        where = "config"
+        self.depth = _positive(config, ("depth",), where)
+        self.hidden = _positive(config, ("hidden",), where)
+        self.temperature_groups = _positive(config, ("contrastive", "temperature_groups"), where)
+        self.max_columns_per_row = _positive(config, ("batch", "max_columns_per_row"), where)
+        self.max_query_span = _positive(config, ("late_interaction", "max_query_span"), where, required=False)
+        self.late_width = _positive(config, ("late_interaction", "width"), where) if self.max_query_span else 0
+        self.config, self.step = config, step
+        self.config_json = config_json if config_json is not None else json.dumps(config)
+        self.text = _Text(self.hidden)
+        self.blocks = nn.ModuleList(Block(self.hidden) for _ in range(self.depth))
+        self.final_norm = nn.Parameter(torch.ones(self.hidden))
+        self.contrastive = _Scores(self.temperature_groups)
+        self.late_interaction = _LateInteraction(self.late_width, self.hidden) if self.max_query_span else None
+        # Angles in double, rounded once to float, as the library computes them: positions in the
+        # thousands keep their precision.
+        frequencies = torch.tensor([10000.0 ** (-2.0 * pair / HEAD_WIDTH) for pair in range(HEAD_WIDTH // 2)],
+                                   dtype=torch.float64)
+        angles = torch.arange(self.max_columns_per_row, dtype=torch.float64)[:, None] * frequencies
+        self.register_buffer("rope_cosines", angles.cos().float(), persistent=False)
+        self.register_buffer("rope_sines", angles.sin().float(), persistent=False)
+
+    # ------------------------------------------------------------------------------------------ #
+    #  Tensor level: traceable, exportable                                                          #
+    # ------------------------------------------------------------------------------------------ #
+
+    def states(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The final-norm states (batch, seq, hidden) every head reads; zero past each length."""
+        seq = tokens.shape[1]
+        present = torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]  # (batch, seq)
+        x = F.embedding(tokens, self.text.embedding)
+        cosines, sines = self.rope_cosines[:seq], self.rope_sines[:seq]
+        keys = present[:, None, None, :]
+        for block in self.blocks:
+            x = block(x, keys, cosines, sines)
+        return _rmsnorm(x, self.final_norm) * present[..., None].to(x.dtype)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Pooled embeddings (batch, hidden): the mean of each item's final states, unit-norm."""
+        pooled = self.states(tokens, lengths).sum(1) / lengths[:, None].to(self.final_norm.dtype)
+        return F.normalize(pooled, dim=-1)
+
+    def token_vectors(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Late-interaction token vectors (batch, seq, width), each row unit-norm; zero past each length."""
+        if self.late_interaction is None:
+            raise InvalidArgument("encoder: this checkpoint has no token head; a run trains one with "
+                                  "late_interaction.weight > 0")
+        return F.normalize(F.linear(self.states(tokens, lengths), self.late_interaction.token_head), dim=-1)
+
+    def choice_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The byte decoder's logits (batch, 256) at each item's last position, where
+        `tokenize(texts, choosing=True)` puts the choice position."""
+        states = self.states(tokens, lengths)
+        last = (lengths - 1).clamp(min=0)[:, None, None].expand(-1, 1, states.shape[-1])
+        return F.linear(states.gather(1, last).squeeze(1), self.text.decoder)
+
+    # ------------------------------------------------------------------------------------------ #
+    #  Text level: what uform.Encoder answers                                                       #
+    # ------------------------------------------------------------------------------------------ #
+
+    def tokenize(self, texts: Sequence[Any], sides: Optional[Sequence[Any]] = None, choosing: bool = False,
+                 device: Any = None) -> Tokenized:
+        """Texts (str as UTF-8, or bytes) as the library reads them, on the module's device unless told.
+
+        Plain items are cut to `max_columns_per_row` bytes. With `sides`, a query (or an item that is
+        both) is cut to `max_query_span` bytes and padded up to it with `QUERY_PAD_ID`. With
+        `choosing`, each text is cut one byte shorter and ends with `CHOICE_ID`, at the position of
+        its content's length.
+        """
+        contents = _contents(texts, "texts")
+        queries = [False] * len(contents)
+        if sides is not None:
+            if len(sides) != len(contents):
+                raise InvalidArgument(f"sides: {len(sides)} entries, expected texts = {len(contents)}")
+            queries = [_side_queries(side, f"sides[{i}]") for i, side in enumerate(sides)]
+            if any(queries) and not self.max_query_span:
+                raise InvalidArgument("encoder: this checkpoint has no token head, so no query span; a run trains "
+                                      "one with late_interaction.weight > 0")
+        rows, truncated = [], 0
+        for content, query in zip(contents, queries):
+            room = self.max_query_span if query else self.max_columns_per_row - (1 if choosing else 0)
+            if len(content) > room:
+                content, truncated = content[:room], truncated + 1
+            ids = list(content)
+            if query:
+                ids += [QUERY_PAD_ID] * (self.max_query_span - len(ids))
+            if choosing:
+                ids.append(CHOICE_ID)
+            rows.append(ids)
+        device = self.final_norm.device if device is None else device
+        longest = max((len(ids) for ids in rows), default=0)
+        tokens = torch.zeros((len(rows), longest), dtype=torch.int64)
+        for i, ids in enumerate(rows):
+            tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        lengths = torch.tensor([len(ids) for ids in rows], dtype=torch.int64)
+        return Tokenized(tokens.to(device), lengths.to(device), truncated)
+
+    def embed(self, texts: Sequence[Any], dimensions: Optional[int] = None, batch_size: int = 64) -> torch.Tensor:
+        """Pooled unit-norm embeddings (items, hidden) of texts read as plain contents, as
+        `uform.Encoder.embed` answers them; with `dimensions`, the Matryoshka prefix of that width,
+        re-normalized. Items run `batch_size` at a time, longest first, so each batch pads little."""
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 0 < dimensions <= self.hidden):
+            raise InvalidArgument(f"dimensions: {dimensions!r} is not a width from 1 to hidden = {self.hidden}")
+        tokenized = self.tokenize(texts)
+        pooled = self._batched(tokenized, batch_size, self.forward)
+        if pooled.shape[0] == 0:
+            pooled = torch.zeros((0, self.hidden), dtype=self.final_norm.dtype, device=self.final_norm.device)
+        return pooled if dimensions is None else F.normalize(pooled[:, :dimensions], dim=-1)
+
+    def embed_tokens(self, texts: Sequence[Any], sides: Optional[Sequence[Any]] = None,
+                     batch_size: int = 64) -> List[torch.Tensor]:
+        """Each text's unit token vectors (rows, width), as `uform.Encoder.embed_tokens` answers them:
+        a query (or an item that is both) answers `max_query_span` rows, a document one per byte up
+        to `max_columns_per_row`. `sides` None reads every text as a document."""
+        if self.late_interaction is None:
+            raise InvalidArgument("encoder: this checkpoint has no token head; a run trains one with "
+                                  "late_interaction.weight > 0")
+        tokenized = self.tokenize(texts, sides)
+        vectors = self._batched(tokenized, batch_size, self.token_vectors)
+        return [vectors[i, :int(length)] for i, length in enumerate(tokenized.lengths)]
+
+    def text_choose(self, texts: Sequence[Any], choices: Sequence[Any], batch_size: int = 64) -> List[torch.Tensor]:
+        """Each text's probabilities over the bytes it may choose (str as UTF-8, or bytes; distinct, at
+        least one), in the order offered, as `uform.Encoder.text_choose` answers them: the byte
+        decoder's softmax at a choice position after the text, over those bytes only."""
+        offered = _contents(choices, "choices")
+        if len(offered) != len(texts):
+            raise InvalidArgument(f"choices: {len(offered)} entries, expected texts = {len(texts)}")
+        for i, entry in enumerate(offered):
+            if not entry:
+                raise InvalidArgument(f"choices[{i}]: empty; every text needs at least one byte to choose from")
+            if len(set(entry)) != len(entry):
+                twice = next(byte for k, byte in enumerate(entry) if byte in entry[:k])
+                raise InvalidArgument(f"choices[{i}]: byte {twice} is offered twice")
+        tokenized = self.tokenize(texts, choosing=True)
+        logits = self._batched(tokenized, batch_size, self.choice_logits)
+        return [torch.softmax(logits[i, list(entry)].float(), dim=-1).to(logits.dtype)
+                for i, entry in enumerate(offered)]
+
+    def _batched(self, tokenized: Tokenized, batch_size: int, verb: Any) -> torch.Tensor:
+        """Runs `verb` over `batch_size` items at a time, longest first, and answers its rows in item
+        order, padded to the longest item where they have a sequence axis."""
+        if batch_size < 1:
+            raise InvalidArgument(f"batch_size: {batch_size} is not positive")
+        tokens, lengths = tokenized.tokens, tokenized.lengths
+        order = torch.argsort(lengths, descending=True, stable=True)
+        parts = []
+        for first in range(0, len(order), batch_size):
+            chosen = order[first:first + batch_size]
+            longest = int(lengths[chosen].max())
+            answer = verb(tokens[chosen, :longest], lengths[chosen])
+            if answer.dim() == 3 and answer.shape[1] < tokens.shape[1]:
+                answer = F.pad(answer, (0, 0, 0, tokens.shape[1] - answer.shape[1]))
+            parts.append(answer)
+        if not parts:
+            return torch.zeros((0,), dtype=self.final_norm.dtype, device=self.final_norm.device)
+        joined = torch.cat(parts)
+        return joined[torch.argsort(order)]
+
+
+def _contents(entries: Any, path: str) -> List[bytes]:
+    """Texts as bytes: a str is its UTF-8; each needs at least one byte, as the library asks."""
+    if isinstance(entries, (str, bytes)):
+        raise InvalidArgument(f"{path}: expected a list of str or bytes, got one {type(entries).__name__}")
+    contents = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, str):
+            try:
+                entry = entry.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise InvalidArgument(f"{path}[{i}]: cannot be encoded as UTF-8 ({error.reason})") from None
+        elif isinstance(entry, (bytes, bytearray, memoryview)):
+            entry = bytes(entry)
+        else:
+            raise InvalidArgument(f"{path}[{i}]: expected str or bytes, got {type(entry).__name__}")
+        if path == "texts" and not entry:
+            raise InvalidArgument(f"{path}[{i}]: empty; every item needs at least one byte")
+        contents.append(entry)
+    return contents
+
+
+def _side_queries(side: Any, path: str) -> bool:
+    member = enum_member(LateInteractionSide, side, path)
+    if member == LateInteractionSide.NONE:
+        raise InvalidArgument(f"{path}: none has no token vectors; read an item as a query, a document or both")
+    return member in (LateInteractionSide.QUERY, LateInteractionSide.QUERY_AND_DOCUMENT)
+
+
+def _read_metadata(where: str, metadata: dict):
+    """The checkpoint's config (parsed and as written), step and kind, each checked as the library checks it."""
+    if metadata.get("format") != FORMAT:
+        raise InvalidCheckpoint(f"{where} has __metadata__.format = {metadata.get('format')!r}, not {FORMAT!r}")
+    step = metadata.get("step")
+    if not isinstance(step, str) or not step.isdigit() or not step.isascii() or int(step) >= 2 ** 63:
+        raise InvalidCheckpoint(f"{where} has __metadata__.step = {step!r}, not a decimal below 2^63")
+    weights_only = metadata.get("weights_only", "false")
+    if weights_only not in ("true", "false"):
+        raise InvalidCheckpoint(f"{where} has __metadata__.weights_only = {weights_only!r}, not \"true\" or \"false\"")
+    text = metadata.get("config")
+    try:
+        config = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError as error:
+        raise InvalidCheckpoint(f"{where} has a malformed __metadata__.config: {error}") from None
+    if not isinstance(config, dict):
+        raise InvalidCheckpoint(f"{where} lacks a JSON object in __metadata__.config")
+    for modality in MODALITIES:
+        if config.get(modality) or (config.get("batch") or {}).get(modality):
+            raise Unsupported(f"{where} records a config with {modality} items; uform.torch builds text encoders only")
+    hidden = _positive(config, ("hidden",), where)
+    _positive(config, ("depth",), where)
+    _positive(config, ("contrastive", "temperature_groups"), where)
+    if hidden % 128:
+        raise InvalidCheckpoint(f"{where} has config.hidden = {hidden}, not a multiple of 128")
+    columns = _positive(config, ("batch", "max_columns_per_row"), where)
+    if columns > ENCODER_TOKENS:
+        raise InvalidCheckpoint(f"{where} records config.batch.max_columns_per_row = {columns}; an encoder packs at "
+                                f"most {ENCODER_TOKENS} tokens a pass")
+    span = _positive(config, ("late_interaction", "max_query_span"), where, required=False)
+    if span:
+        width = _positive(config, ("late_interaction", "width"), where)
+        if width % 8 or span > columns:
+            raise InvalidCheckpoint(f"{where} has config.late_interaction.width = {width} and max_query_span = {span}; "
+                                    f"a run takes a width that is a multiple of 8 and a span that fits a row")
+    return config, text, int(step), weights_only == "true"
+
+
+def _check_names(where: str, names: Sequence[str], expected: dict, weights_only: bool) -> None:
+    """Every tensor the module needs is there; anything else is a moment the file's kind allows, or refused by name."""
+    present = set(names)
+    for name in expected:
+        if name not in present:
+            raise InvalidCheckpoint(f"{where} lacks the tensor {name}")
+    for name in sorted(present - set(expected)):
+        family, _, weight = name.partition(".")
+        if family == "adamw" and not weights_only:
+            kind, _, weight = weight.partition(".")
+            if kind in ("first", "second") and weight in expected:
+                continue
+        if weights_only and family == "adamw":
+            raise InvalidCheckpoint(f"{where} says __metadata__.weights_only is \"true\" yet holds the moment {name}")
+        if family in MODALITIES:
+            raise Unsupported(f"{where} holds {family} weights ({name}); uform.torch builds text encoders only")
+        raise InvalidCheckpoint(f"{where} holds the tensor {name}, which uform.torch does not implement")
+    if not weights_only:
+        for name in expected:
+            for kind in ("first", "second"):
+                if f"adamw.{kind}.{name}" not in present:
+                    raise InvalidCheckpoint(f"{where} is a whole checkpoint (no weights_only mark) yet lacks "
+                                            f"the moment adamw.{kind}.{name}")
+
+
+def load(path: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> Encoder:
+    """Reads a checkpoint written by `Trainer.save` (whole or weights-only) into an `Encoder` module,
+    in eval mode, on `device` (default CPU) in `dtype` (default float32, the checkpoint's own).
+
+    Only the weights are read. The file's config and tensors are checked as `uform.Encoder.load`
+    checks them, and anything this module does not implement (another modality's weights, an
+    unknown head) is refused by name: `uform.InvalidCheckpoint` or `uform.Unsupported`.
+    """
+    where = f"path: {os.fspath(path)!s}"
+    try:
+        opened = safe_open(os.fspath(path), framework="pt", device="cpu")
+    except Exception as error:  # safetensors raises its own types for unreadable headers
+        raise InvalidCheckpoint(f"{where} is not a readable safetensors file ({error})") from None
+    with opened as file:
+        config, text, step, weights_only = _read_metadata(where, file.metadata() or {})
+        module = Encoder(config, step=step, config_json=text)
+        expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+        _check_names(where, list(file.keys()), expected, weights_only)
+        state = {}
+        for name, shape in expected.items():
+            stored = file.get_slice(name)
+            if stored.get_dtype() != "F32" or tuple(stored.get_shape()) != shape:
+                raise InvalidCheckpoint(f"{where} holds {name} as {stored.get_dtype()} {list(stored.get_shape())}, "
+                                        f"the model needs F32 {list(shape)}")
+            tensor = file.get_tensor(name)
+            if not torch.isfinite(tensor).all():
+                raise InvalidCheckpoint(f"{where} holds a non-finite value in {name}")
+            state[name] = tensor
+    module.load_state_dict(state)
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def save(module: Encoder, path: Any) -> None:
+    """Writes `module`'s weights as a weights-only uform checkpoint (float32, the config and step it was
+    loaded with), which `uform.Encoder.load` and `uform.torch.load` read; no run resumes from it."""
+    if not isinstance(module, Encoder):
+        raise InvalidArgument(f"module: expected a uform.torch.Encoder, got {type(module).__name__}")
+    tensors = {name: tensor.detach().to("cpu", torch.float32).contiguous()
+               for name, tensor in module.state_dict().items()}
+    metadata = {"format": FORMAT, "step": str(module.step), "config": module.config_json, "weights_only": "true"}
+    save_file(tensors, os.fspath(path), metadata=metadata)
