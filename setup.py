@@ -204,6 +204,7 @@ def media_decoders():
         "UFORM_MEDIA_JPEG": ["libjpeg"],  # libjpeg-turbo's, for its RGBA output
         "UFORM_MEDIA_PNG": ["libpng"],
         "UFORM_MEDIA_WEBP": ["libwebp"],
+        "UFORM_MEDIA_FFMPEG": ["libavformat", "libavcodec", "libavutil", "libswresample", "libswscale"],
     }
     defines, compile_flags, link_flags, missing = [], [], [], []
     for define, packages in families.items():

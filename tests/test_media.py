@@ -224,7 +224,8 @@ def test_formats_listed_once():
 @pytest.mark.skipif(not shutil.which("pkg-config") or not shutil.which("cc"), reason="needs pkg-config and cc")
 def test_formats_follow_pkg_config():
     """A library that pkg-config finds is compiled in: a machine with the packages decodes their formats."""
-    families = {"jpeg": ["libjpeg"], "png": ["libpng"], "webp": ["libwebp"]}
+    families = {"jpeg": ["libjpeg"], "png": ["libpng"], "webp": ["libwebp"],
+                "wav": ["libavformat", "libavcodec", "libavutil", "libswresample", "libswscale"]}
     for name, packages in families.items():
         found = subprocess.run(["pkg-config", "--exists", *packages]).returncode == 0
         assert (name in FORMATS) == found, name
@@ -480,3 +481,270 @@ def test_bad_webps_refused(tmp_path):
     refused(webp_lossless_header(16000, 16000), match="limit")
 
 
+# ---------------------------------------------------------------------------------------------- #
+#  Audio                                                                                          #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def wav_bytes(samples, rate, width=2):
+    """A PCM WAV of `samples` (frames, channels) in [-1, 1] at `width` bytes a sample, by Python's wave."""
+    import io
+    import wave
+
+    if width == 1:
+        data = np.round(samples * 127 + 128).astype(np.uint8).tobytes()
+    else:
+        scale = 2 ** (8 * width - 1) - 1
+        ints = np.round(samples * scale).astype(np.int64)
+        data = b"".join(int(value).to_bytes(width, "little", signed=True) for value in ints.reshape(-1)) \
+            if width == 3 else ints.astype(f"<i{width}").tobytes()
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as file:
+        file.setnchannels(samples.shape[1])
+        file.setsampwidth(width)
+        file.setframerate(rate)
+        file.writeframes(data)
+    return buffer.getvalue()
+
+
+def wav_raw(format_tag, channels, rate, bits, data):
+    """A WAV with any format tag and channel count, written by hand."""
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", format_tag, channels, rate, rate * block, block, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def pcm_values(data, width):
+    """What a PCM WAV's integers stand for, as libavcodec and libswresample read them."""
+    if width == 1:
+        return (np.frombuffer(data, np.uint8).astype(np.float64) - 128) / 128
+    if width == 3:  # 24-bit: sign-extended into 32 (libavcodec's s24le decoder shifts them up the same way)
+        triples = np.frombuffer(data, np.uint8).reshape(-1, 3).astype(np.int32)
+        values = (triples[:, 0] << 8 | triples[:, 1] << 16 | triples[:, 2] << 24) >> 8
+        return values.astype(np.float64) / 2 ** 23
+    return np.frombuffer(data, f"<i{width}").astype(np.float64) / 2 ** (8 * width - 1)
+
+
+def tone(seconds, rate, channels=1, frequency=440.0):
+    t = np.arange(int(seconds * rate)) / rate
+    waves = [0.5 * np.sin(2 * np.pi * frequency * (c + 1) * t) for c in range(channels)]
+    return np.stack(waves, axis=1)
+
+
+def chunked(samples, chunk_samples):
+    count = -(-len(samples) // chunk_samples)
+    padded = np.zeros(count * chunk_samples)
+    padded[:len(samples)] = samples
+    return padded.reshape(count, chunk_samples)
+
+
+def audio(data, **arguments):
+    return _testing.audio_chunks(np.frombuffer(data, np.uint8), **arguments)
+
+
+def ffmpeg_mono(data, rate, tmp_path, suffix):
+    """The ffmpeg program's decode of a file: channels averaged, resampled by the same filter uform asks for."""
+    source = tmp_path / f"reference.{suffix}"
+    source.write_bytes(data)
+    channels = int(run(["ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries", "stream=channels",
+                        "-of", "csv=p=0", str(source)]).decode().strip())
+    mix = "+".join(f"{1 / channels!r}*c{i}" for i in range(channels))
+    graph = (f"pan=mono|c0={mix},aresample={rate}:filter_size=32:phase_shift=10:linear_interp=1:cutoff=0.97:"
+             "filter_type=kaiser:kaiser_beta=9")
+    raw = run(["ffmpeg", "-v", "error", "-i", str(source), "-af", graph, "-f", "f32le", "-"])
+    return np.frombuffer(raw, np.float32).astype(np.float64)
+
+
+def encode(data, tmp_path, suffix, *arguments):
+    """`data` (a WAV) re-encoded by the ffmpeg program into a file of `suffix`."""
+    source, target = tmp_path / "source.wav", tmp_path / f"encoded.{suffix}"
+    source.write_bytes(data)
+    run(["ffmpeg", "-v", "error", "-y", "-i", str(source), *arguments, str(target)])
+    return target.read_bytes()
+
+
+@needs_format("wav")
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+@pytest.mark.parametrize("channels", [1, 2, 5])
+def test_wav_is_the_mean_of_its_channels(width, channels):
+    data = wav_bytes(tone(0.3, 16000, channels), 16000, width)
+    header = data.index(b"data") + 8
+    want = pcm_values(data[header:], width).reshape(-1, channels).mean(axis=1)
+    chunks, grid = audio(data, sample_rate=16000, chunk_samples=400)
+    assert grid == dict(frames=12, rows=1, columns=1, truncated=False)
+    np.testing.assert_allclose(chunks, chunked(want, 400), atol=1e-6)
+
+
+@needs_format("wav")
+def test_wav_resampled_to_the_rate():
+    """44.1 kHz to 16 kHz: the same tone, sampled at the new rate, away from the filter's edges."""
+    data = wav_bytes(tone(0.5, 44100), 44100)
+    chunks, grid = audio(data, sample_rate=16000, chunk_samples=320)
+    samples = chunks.reshape(-1)
+    assert grid["frames"] == 25 and not grid["truncated"]
+    want = tone(0.5, 16000)[:, 0]
+    np.testing.assert_allclose(samples[100:7900], want[100:7900], atol=2e-3)
+
+
+@needs_format("wav")
+def test_audio_cut_to_max_tokens():
+    data = wav_bytes(tone(1.0, 16000, 2), 16000)
+    whole, grid = audio(data, sample_rate=16000, chunk_samples=400)
+    assert grid["frames"] == 40 and not grid["truncated"]
+    cut, grid = audio(data, sample_rate=16000, chunk_samples=400, max_tokens=7)
+    assert grid == dict(frames=7, rows=1, columns=1, truncated=True)
+    np.testing.assert_array_equal(cut, whole[:7])
+    exact, grid = audio(data, sample_rate=16000, chunk_samples=400, max_tokens=40)
+    assert grid["frames"] == 40 and not grid["truncated"]
+
+
+@needs_format("wav", "flac", "mp3", "ogg")
+@needs("ffmpeg", "ffprobe")
+@pytest.mark.parametrize("suffix, arguments", [
+    ("wav", []), ("flac", []), ("mp3", ["-b:a", "96k"]), ("ogg", ["-c:a", "libopus", "-b:a", "64k"]),
+    ("oga", ["-c:a", "libvorbis", "-f", "ogg"]),
+])
+def test_encoded_audio_matches_ffmpeg(suffix, arguments, tmp_path):
+    data = encode(wav_bytes(tone(0.8, 22050, 2), 22050), tmp_path, suffix, *arguments)
+    want = ffmpeg_mono(data, 16000, tmp_path, suffix)
+    chunks, grid = audio(data, sample_rate=16000, chunk_samples=400)
+    assert grid["frames"] == -(-len(want) // 400)
+    np.testing.assert_allclose(chunks, chunked(want, 400), atol=1e-4)
+
+
+@needs_format("wav")
+def test_bad_wavs_refused():
+    data = wav_bytes(tone(0.2, 8000, 2), 8000)
+    with pytest.raises(uform.InvalidArgument, match="truncated"):
+        audio(data[:len(data) - 101])
+    with pytest.raises(uform.InvalidArgument, match="without a single sample"):
+        audio(wav_bytes(np.zeros((0, 1)), 8000))
+    with pytest.raises(uform.InvalidArgument, match="40 channels"):
+        audio(wav_raw(1, 40, 8000, 16, bytes(40 * 2 * 10)))
+    with pytest.raises(uform.InvalidArgument, match="adpcm_ima_wav"):
+        audio(wav_raw(0x11, 1, 8000, 4, bytes(256)))
+    nan = np.array([0.1, np.nan, 0.2, 0.3] * 50, "<f4").tobytes()
+    with pytest.raises(uform.InvalidArgument, match="non-finite"):
+        audio(wav_raw(3, 1, 8000, 32, nan))
+    with pytest.raises(uform.InvalidArgument, match="unreadable WAV audio"):
+        audio(data[:30])
+    with pytest.raises(uform.InvalidArgument, match=r"declared an audio, but the bytes are image \(png\)"):
+        audio(png_bytes(picture(4, 4)))
+    with pytest.raises(uform.InvalidArgument, match="sample_rate = 0"):
+        audio(data, sample_rate=0)
+
+
+@needs_format("flac", "mp3", "ogg")
+@needs("ffmpeg")
+@pytest.mark.parametrize("suffix, arguments", [("flac", []), ("mp3", ["-b:a", "96k"]),
+                                               ("ogg", ["-c:a", "libvorbis"])])
+def test_truncated_or_damaged_audio_refused(suffix, arguments, tmp_path):
+    data = encode(wav_bytes(tone(3.0, 22050, 1), 22050), tmp_path, suffix, *arguments)
+    with pytest.raises(uform.InvalidArgument):
+        audio(data[:len(data) // 2])
+    if suffix != "mp3":  # MP3 decoders skip damage to the next frame by design; FLAC and Ogg check CRCs
+        damaged = bytearray(data)
+        damaged[len(data) // 3:len(data) // 3 + 64] = bytes(64)
+        with pytest.raises(uform.InvalidArgument):
+            audio(bytes(damaged))
+    with pytest.raises(uform.InvalidArgument):
+        audio(data[:8])
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Video                                                                                          #
+# ---------------------------------------------------------------------------------------------- #
+
+CODECS = {  # container suffix: the encoder the ffmpeg program makes it with
+    "mp4": ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-movflags", "+faststart"],
+    "webm": ["-c:v", "libvpx-vp9", "-b:v", "200k"],
+    "mkv": ["-c:v", "libaom-av1", "-cpu-used", "8", "-b:v", "200k"],
+}
+
+
+def clip(tmp_path, suffix, frames=7, size="64x48", source="testsrc2", extra=()):
+    target = tmp_path / f"clip.{suffix}"
+    run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"{source}=size={size}:rate=10", "-frames:v",
+         str(frames), *CODECS.get(suffix, []), *extra, str(target)])
+    return target.read_bytes()
+
+
+def ffmpeg_frames(data, tmp_path, suffix):
+    """Every frame as RGB, decoded by the ffmpeg program with the conversion flags uform uses."""
+    source = tmp_path / f"frames.{suffix}"
+    source.write_bytes(data)
+    size = run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", "stream=width,height", "-of",
+                "csv=p=0", str(source)]).decode().strip().split(",")
+    width, height = int(size[0]), int(size[1])
+    raw = run(["ffmpeg", "-v", "error", "-i", str(source), "-sws_flags", "bilinear+accurate_rnd+full_chroma_int",
+               "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
+    return np.frombuffer(raw, np.uint8).reshape(-1, height, width, 3)
+
+
+def expected_tubelets(frames, side, tube, stride, channels, max_tokens):
+    kept = frames[::stride]
+    rows, columns, truncated = fit(frames.shape[1], frames.shape[2], side, max_tokens)
+    limit = max_tokens // (rows * columns) * tube
+    truncated = truncated or len(kept) > limit
+    kept = kept[:limit]
+    count = -(-len(kept) // tube)
+    kept = np.concatenate([kept, np.repeat(kept[-1:], count * tube - len(kept), axis=0)])
+    patches = np.stack([expected_patches(frame, side, channels, max_tokens)[0] for frame in kept])
+    # (frames, patches, y, x, c) -> (tubelets, patches, tube, y, x, c) -> tubelets in time, then raster order
+    patches = patches.reshape(count, tube, rows * columns, side, side, channels).transpose(0, 2, 1, 3, 4, 5)
+    return patches.reshape(count * rows * columns, tube, side, side, channels), (count, rows, columns, truncated)
+
+
+def video(data, **arguments):
+    return _testing.video_tubelets(np.frombuffer(data, np.uint8), **arguments)
+
+
+@needs_format("mp4", "webm", "mkv")
+@needs("ffmpeg", "ffprobe")
+@pytest.mark.parametrize("suffix", ["mp4", "webm", "mkv"])
+@pytest.mark.parametrize("tube, stride, channels, max_tokens", [(2, 1, 3, 256), (2, 2, 3, 256), (3, 1, 1, 256),
+                                                               (2, 1, 4, 30), (1, 3, 3, 5)])
+def test_video_matches_ffmpeg(suffix, tube, stride, channels, max_tokens, tmp_path):
+    data = clip(tmp_path, suffix)
+    frames = ffmpeg_frames(data, tmp_path, suffix)
+    assert len(frames) == 7
+    want, (count, rows, columns, truncated) = expected_tubelets(frames, 16, tube, stride, channels, max_tokens)
+    tubelets, grid = video(data, patch_side=16, tube_frames=tube, frame_stride=stride, channels=channels,
+                           max_tokens=max_tokens)
+    assert grid == dict(frames=count, rows=rows, columns=columns, truncated=truncated)
+    assert tubelets.shape == want.shape
+    # the same decoder and converter; the RGB here went through 8 bits, uform's did too, so differences are rounding
+    np.testing.assert_allclose(tubelets, want, atol=2 / 127.5)
+    assert np.abs(tubelets - want).mean() < 0.2 / 127.5
+
+
+@needs_format("mp4", "webm")
+@needs("ffmpeg")
+def test_bad_videos_refused(tmp_path):
+    for suffix in ("mp4", "webm"):
+        data = clip(tmp_path, suffix, frames=30)
+        for cut in (len(data) // 2, len(data) * 9 // 10):
+            with pytest.raises(uform.InvalidArgument):
+                video(data[:cut])
+    with pytest.raises(uform.InvalidArgument, match="mpeg4"):
+        video(clip(tmp_path, "mp4", extra=("-c:v", "mpeg4")))
+    sound = tmp_path / "sound.mp4"
+    run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "sine=duration=0.5", "-c:a", "aac", str(sound)])
+    with pytest.raises(uform.InvalidArgument, match="no video stream"):
+        video(sound.read_bytes())
+    with pytest.raises(uform.InvalidArgument, match=r"declared a video, but the bytes are audio \(wav\)"):
+        video(wav_bytes(tone(0.1, 8000), 8000))
+    with pytest.raises(uform.InvalidArgument, match="tube_frames = 0"):
+        video(clip(tmp_path, "mp4"), tube_frames=0)
+
+
+@needs_format("mp4")
+@needs("ffmpeg")
+def test_video_threads_decode_alike(tmp_path):
+    items = [clip(tmp_path, "mp4", frames=4 + i) for i in range(4)]
+    alone = [video(item)[0] for item in items]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda item: video(item)[0], items * 3))
+    for i, tubelets in enumerate(together):
+        np.testing.assert_array_equal(tubelets, alone[i % len(items)])

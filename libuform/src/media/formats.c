@@ -107,6 +107,10 @@ char const* uform_media_format_name(uform_media_format_t format) {
     return format < uform_media_formats_count_k ? uform_media_table[format].name : "unknown";
 }
 
+char const* uform_media_format_what(uform_media_format_t format) {
+    return uform_media_table[format < uform_media_formats_count_k ? format : 0].what;
+}
+
 uint32_t uform_media_format_capability(uform_media_format_t format) {
     return format < uform_media_formats_count_k ? uform_media_table[format].capability : 0;
 }

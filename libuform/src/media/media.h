@@ -71,6 +71,9 @@ uform_media_format_t uform_media_sniff(uint8_t const* bytes, size_t length);
 /** The format's name as `uform_capabilities()` and `uform_media_formats()` list it: "jpeg", "mp4", ... */
 char const* uform_media_format_name(uform_media_format_t format);
 
+/** What the user calls the format's files, as messages name them: "JPEG images", "WAV audio", ... */
+char const* uform_media_format_what(uform_media_format_t format);
+
 /** Whether this build decodes the format; its `uform_capability_t` bit when it does, else 0. */
 uint32_t uform_media_format_capability(uform_media_format_t format);
 
