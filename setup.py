@@ -16,6 +16,9 @@ The CUDA backend, libuform/src/vram/, becomes `uform/libuform_vram.so`, which `l
 with `dlopen` only when a VRAM executor is asked for, so `libuform.so` loads on any machine. It is
 built when nvcc and the headers of CUDA, cuBLASLt, cuDNN and cudnn-frontend are found; see
 `CudaToolchain`. UFORM_CUDA=0 skips it, UFORM_CUDA=1 makes anything missing an error.
+
+Media decoders (libjpeg-turbo, libpng, libwebp, FFmpeg's libraries) are linked into `libuform.so`
+where `pkg-config` finds them; see `media_decoders`.
 """
 import concurrent.futures
 import glob
@@ -191,12 +194,43 @@ class BuildExt(build_ext):
         print(f"uform: CUDA backend built: {target}")
 
 
-library = Extension("uform.libuform", sorted(glob.glob("libuform/src/*.c") + glob.glob("libuform/src/ram/*.c")),
+def media_decoders():
+    """The `UFORM_MEDIA_*` defines of the decoders `pkg-config` finds, with their compile and link flags.
+
+    Each family of formats is built where all of its libraries are found and left out otherwise;
+    libuform/src/media/ then refuses its formats by name, with the Debian package that adds them.
+    """
+    families = {  # the define libuform/src/media/ reads: the pkg-config packages it needs
+        "UFORM_MEDIA_JPEG": ["libjpeg"],  # libjpeg-turbo's, for its RGBA output
+        "UFORM_MEDIA_PNG": ["libpng"],
+        "UFORM_MEDIA_WEBP": ["libwebp"],
+        "UFORM_MEDIA_FFMPEG": ["libavformat", "libavcodec", "libavutil", "libswresample", "libswscale"],
+    }
+    defines, compile_flags, link_flags, missing = [], [], [], []
+    for define, packages in families.items():
+        try:
+            flags = [subprocess.run(["pkg-config", option, *packages], check=True, capture_output=True,
+                                    text=True).stdout.split() for option in ("--cflags", "--libs")]
+        except (OSError, subprocess.CalledProcessError):
+            missing.append(" ".join(packages))
+            continue
+        defines.append((define, "1"))
+        compile_flags += flags[0]
+        link_flags += flags[1]
+    found = ", ".join(define[len("UFORM_MEDIA_"):].lower() for define, _ in defines) or "none"
+    print(f"uform: media decoders: {found}" + (f"; not found by pkg-config: {', '.join(missing)}" if missing else ""))
+    return defines, list(dict.fromkeys(compile_flags)), list(dict.fromkeys(link_flags))
+
+
+media_defines, media_compile_args, media_link_args = media_decoders()
+library = Extension("uform.libuform", sorted(glob.glob("libuform/src/*.c") + glob.glob("libuform/src/ram/*.c") +
+                                             glob.glob("libuform/src/media/*.c")),
                     include_dirs=include_dirs + [scipy_openblas32.get_include_dir()],
                     library_dirs=[scipy_openblas32.get_lib_dir()],
                     libraries=[scipy_openblas32.get_library(), "dl"],
-                    extra_compile_args=compile_args + library_compile_args,
-                    extra_link_args=link_args + library_link_args)
+                    define_macros=media_defines,
+                    extra_compile_args=compile_args + library_compile_args + media_compile_args,
+                    extra_link_args=link_args + library_link_args + media_link_args)
 
 
 def extension(name):

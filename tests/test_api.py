@@ -89,7 +89,8 @@ def test_version_and_capabilities():
     capabilities = uform.capabilities()
     assert isinstance(capabilities, set)
     assert "ram" in capabilities
-    assert capabilities <= {"ram", "vram", "mesh"}
+    formats = {"jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "mp4", "webm", "mkv"}
+    assert capabilities <= {"ram", "vram", "mesh"} | formats
 
 
 def test_enums_match_the_c_library():

@@ -104,7 +104,8 @@ __all__ = [
 
 
 def capabilities() -> set:
-    """What this build and machine can do: a set of "ram" (the CPU backend), "vram" (CUDA), "mesh"."""
+    """What this build and machine can do: a set of "ram" (the CPU backend), "vram" (CUDA), "mesh", and the
+    media formats it decodes ("jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "mp4", "webm", "mkv")."""
     bits = _native.capabilities()
     return {name for name, bit in _native.C_ENUMS["capability"].items() if bits & bit}
 

@@ -50,7 +50,14 @@ C_ENUMS = {
         "document": uform_late_interaction_document_k,
         "query_and_document": uform_late_interaction_query_and_document_k,
     },
-    "capability": {"ram": uform_capability_ram_k, "vram": uform_capability_vram_k, "mesh": uform_capability_mesh_k},
+    "capability": {
+        "ram": uform_capability_ram_k, "vram": uform_capability_vram_k, "mesh": uform_capability_mesh_k,
+        # the media formats this build decodes
+        "jpeg": uform_capability_jpeg_k, "png": uform_capability_png_k, "webp": uform_capability_webp_k,
+        "wav": uform_capability_wav_k, "flac": uform_capability_flac_k, "mp3": uform_capability_mp3_k,
+        "ogg": uform_capability_ogg_k, "mp4": uform_capability_mp4_k, "webm": uform_capability_webm_k,
+        "mkv": uform_capability_mkv_k,
+    },
 }
 MAX_TEMPERATURE_GROUPS = UFORM_MAX_TEMPERATURE_GROUPS
 MAX_MATRYOSHKA_DIMENSIONS = UFORM_MAX_MATRYOSHKA_DIMENSIONS

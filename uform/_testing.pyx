@@ -674,3 +674,88 @@ def adamw(weights, gradients, first, second, float learning_rate, float beta1, f
     compute = None if update.compute == NULL else s.get(<size_t>update.compute, weights.shape, ACT)
     return (s.get(<size_t>update.weights, weights.shape), s.get(<size_t>update.first, weights.shape),
             s.get(<size_t>update.second, weights.shape), compute)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Media                                                                                          #
+# ---------------------------------------------------------------------------------------------- #
+
+cdef extern from "media/media.h" nogil:
+    ctypedef struct uform_media_grid_t:
+        uint32_t frames, rows, columns
+        int truncated
+
+    const char* uform_media_formats()
+    uform_status_t uform_image_patches(const uint8_t*, size_t, uint32_t, uint32_t, size_t, float*,
+                                       uform_media_grid_t*, const char*, const char**)
+    uform_status_t uform_video_tubelets(const uint8_t*, size_t, uint32_t, uint32_t, uint32_t, uint32_t, size_t,
+                                        float*, uform_media_grid_t*, const char*, const char**)
+    uform_status_t uform_audio_chunks(const uint8_t*, size_t, uint32_t, uint32_t, size_t, float*,
+                                      uform_media_grid_t*, const char*, const char**)
+
+
+def media_formats():
+    """The formats this build decodes, as the library lists them: "jpeg,png,..."."""
+    return uform_media_formats().decode()
+
+
+cdef _media_result(uform_status_t status, const char* message, float[::1] out, size_t token_floats,
+                   uform_media_grid_t grid, shape):
+    """The tokens written, shaped (tokens, *shape), and the grid as a dict; a failure raises uform's error."""
+    from uform.errors import Error, InvalidArgument, OutOfMemory, Unsupported
+    if status != uform_status_success_k:
+        text = message.decode() if message != NULL else f"status {<int>status} without a message"
+        raise {1: InvalidArgument, 4: Unsupported, 5: OutOfMemory}.get(<int>status, Error)(text)
+    tokens = <size_t>grid.frames * grid.rows * grid.columns
+    array = np.asarray(out)[:tokens * token_floats].reshape((tokens,) + shape).copy()
+    return array, dict(frames=grid.frames, rows=grid.rows, columns=grid.columns, truncated=bool(grid.truncated))
+
+
+def image_patches(const uint8_t[::1] data, uint32_t patch_side=16, uint32_t channels=3, size_t max_tokens=256,
+                  field="batch.contents[0]"):
+    """(patches of shape (tokens, patch_side, patch_side, channels), grid) for an encoded image."""
+    cdef size_t floats = <size_t>patch_side * patch_side * channels
+    cdef float[::1] out = np.full(max(max_tokens * floats, 1), np.nan, dtype=np.float32)
+    cdef uform_media_grid_t grid
+    cdef const char* message = NULL
+    cdef bytes name = field.encode()
+    cdef const char* c_name = name
+    cdef const uint8_t* bytes_ = &data[0] if data.shape[0] else NULL
+    cdef size_t length = data.shape[0]
+    with nogil:
+        status = uform_image_patches(bytes_, length, patch_side, channels, max_tokens, &out[0], &grid, c_name,
+                                     &message)
+    return _media_result(status, message, out, floats, grid, (patch_side, patch_side, channels))
+
+
+def video_tubelets(const uint8_t[::1] data, uint32_t patch_side=16, uint32_t tube_frames=2, uint32_t frame_stride=1,
+                   uint32_t channels=3, size_t max_tokens=256, field="batch.contents[0]"):
+    """(tubelets of shape (tokens, tube_frames, patch_side, patch_side, channels), grid) for an encoded video."""
+    cdef size_t floats = <size_t>tube_frames * patch_side * patch_side * channels
+    cdef float[::1] out = np.full(max(max_tokens * floats, 1), np.nan, dtype=np.float32)
+    cdef uform_media_grid_t grid
+    cdef const char* message = NULL
+    cdef bytes name = field.encode()
+    cdef const char* c_name = name
+    cdef const uint8_t* bytes_ = &data[0] if data.shape[0] else NULL
+    cdef size_t length = data.shape[0]
+    with nogil:
+        status = uform_video_tubelets(bytes_, length, patch_side, tube_frames, frame_stride, channels, max_tokens,
+                                      &out[0], &grid, c_name, &message)
+    return _media_result(status, message, out, floats, grid, (tube_frames, patch_side, patch_side, channels))
+
+
+def audio_chunks(const uint8_t[::1] data, uint32_t sample_rate=16000, uint32_t chunk_samples=400,
+                 size_t max_tokens=256, field="batch.contents[0]"):
+    """(chunks of shape (tokens, chunk_samples), grid) for an encoded audio file."""
+    cdef float[::1] out = np.full(max(max_tokens * chunk_samples, 1), np.nan, dtype=np.float32)
+    cdef uform_media_grid_t grid
+    cdef const char* message = NULL
+    cdef bytes name = field.encode()
+    cdef const char* c_name = name
+    cdef const uint8_t* bytes_ = &data[0] if data.shape[0] else NULL
+    cdef size_t length = data.shape[0]
+    with nogil:
+        status = uform_audio_chunks(bytes_, length, sample_rate, chunk_samples, max_tokens, &out[0], &grid, c_name,
+                                    &message)
+    return _media_result(status, message, out, chunk_samples, grid, (chunk_samples,))

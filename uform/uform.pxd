@@ -63,6 +63,16 @@ cdef extern from "uform.h" nogil:
         uform_capability_ram_k
         uform_capability_vram_k
         uform_capability_mesh_k
+        uform_capability_jpeg_k
+        uform_capability_png_k
+        uform_capability_webp_k
+        uform_capability_wav_k
+        uform_capability_flac_k
+        uform_capability_mp3_k
+        uform_capability_ogg_k
+        uform_capability_mp4_k
+        uform_capability_webm_k
+        uform_capability_mkv_k
 
     ctypedef void* uform_executor_t
     ctypedef void* uform_mesh_t

@@ -157,6 +157,19 @@ typedef enum uform_capability_t {
     uform_capability_ram_k = 1,  /**< The CPU reference backend. */
     uform_capability_vram_k = 2, /**< The CUDA backend. */
     uform_capability_mesh_k = 4, /**< Meshes of more than one process. */
+    /* Media formats this build decodes, each through a library found when it was built
+     * (`docs/model.md`, "Media preprocessing"); an item in a format without its bit is refused
+     * with `uform_status_unsupported_k` naming the package that adds it. */
+    uform_capability_jpeg_k = 8,    /**< JPEG images, by libjpeg-turbo. */
+    uform_capability_png_k = 16,    /**< PNG images, by libpng. */
+    uform_capability_webp_k = 32,   /**< WebP images, by libwebp. */
+    uform_capability_wav_k = 64,    /**< WAV audio (PCM, A-law, mu-law), by FFmpeg. */
+    uform_capability_flac_k = 128,  /**< FLAC audio, by FFmpeg. */
+    uform_capability_mp3_k = 256,   /**< MP3 audio, by FFmpeg. */
+    uform_capability_ogg_k = 512,   /**< Ogg Vorbis and Ogg Opus audio, by FFmpeg. */
+    uform_capability_mp4_k = 1024,  /**< MP4 video, by FFmpeg; H.264, VP9 or AV1 in each container. */
+    uform_capability_webm_k = 2048, /**< WebM video, by FFmpeg. */
+    uform_capability_mkv_k = 4096,  /**< Matroska video, by FFmpeg. */
 } uform_capability_t;
 
 /* ------------------------------------------------------------------------------------------ */

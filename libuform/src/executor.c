@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "media/media.h"
 
 #define UFORM_STRINGIFY_(x) #x
 #define UFORM_STRINGIFY(x) UFORM_STRINGIFY_(x)
@@ -67,7 +68,7 @@ uform_backend_t const* uform_testing_backend(char const* name) {
 }
 
 uint32_t uform_capabilities(void) {
-    return uform_capability_ram_k | (uform_vram_backend() ? uform_capability_vram_k : 0);
+    return uform_capability_ram_k | (uform_vram_backend() ? uform_capability_vram_k : 0) | uform_media_capabilities();
 }
 
 /* Opens `ordinal` on `backend` and adds the executor to the table of handles. */
