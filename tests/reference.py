@@ -311,7 +311,8 @@ def tensor_names(depth, late=False):
     names = ["text.embedding"]
     for l in range(depth):
         names += [f"blocks.{l}.{part}" for part in ("attention_norm", "qkv", "out", "mlp_norm", "up", "down")]
-    names += ["final_norm", "text.decoder", "contrastive.log_inverse_temperature", "contrastive.bias"]
+    names += ["final_norm", "text.decoder", "image.projection", "image.decoder", "contrastive.log_inverse_temperature",
+              "contrastive.bias"]
     return names + (LATE_NAMES if late else [])
 
 

@@ -272,6 +272,40 @@ def test_rope_far_positions(rng):
     assert_close(testing.rope_forward(qkv, positions), rope_reference(qkv, positions))
 
 
+def grid_rope_reference(qkv, rows, columns):
+    """An image patch's rotation, as docs/model.md words it: pairs 2k turn with the row and pairs 2k + 1 with the
+    column, both at 10000^(-4k/64)."""
+    qkv = np.array(qkv, dtype=np.float64)
+    hidden = qkv.shape[1] // 3
+    frequencies = 10000.0 ** (-4.0 * (np.arange(HEAD // 2) // 2) / HEAD)
+    coordinates = np.where(np.arange(HEAD // 2) % 2 == 0, np.asarray(rows)[:, None], np.asarray(columns)[:, None])
+    angles = coordinates.astype(np.float64) * frequencies[None, :]
+    for head in range(2 * hidden // HEAD):
+        block = qkv[:, head * HEAD : (head + 1) * HEAD]
+        even, odd = block[:, 0::2].copy(), block[:, 1::2].copy()
+        block[:, 0::2] = even * np.cos(angles) - odd * np.sin(angles)
+        block[:, 1::2] = even * np.sin(angles) + odd * np.cos(angles)
+    return qkv
+
+
+def grid_positions(rows, columns):
+    """The position words of image patches: the top bit, the row from bit 15, the column."""
+    return (np.uint32(1 << 31) | np.asarray(rows, np.uint32) << 15 | np.asarray(columns, np.uint32)).astype(np.uint32)
+
+
+def test_rope_turns_image_patches_by_row_and_column(rng):
+    tokens, hidden = 7, 128
+    rows, columns = np.array([0, 0, 1, 3, 17, 0, 200]), np.array([0, 1, 0, 2, 5, 9, 300])
+    positions = grid_positions(rows, columns)
+    qkv = f32(rng, tokens, 3 * hidden)
+    rotated = testing.rope_forward(qkv, positions)
+    assert_close(rotated, grid_rope_reference(qkv, rows, columns))
+    assert_identical(rotated[0], qkv[0])  # the patch at (0, 0) is not turned
+    assert_close(testing.rope_backward(rotated, positions), qkv)
+    text = testing.rope_forward(qkv, rows.astype(np.uint32))  # a text token at the row's position turns otherwise
+    assert not np.allclose(text[3:5], rotated[3:5])
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +413,20 @@ def test_cross_entropy(rng):
     assert loss == pytest.approx(cross_entropy_reference(logits, targets), rel=1e-6)
     numeric = numeric_gradient(lambda v: scale * cross_entropy_reference(v, targets), logits, 1.0)
     assert_close(d_logits, numeric)
+
+
+def test_patch_loss(rng):
+    count, width, scale = 5, 48, 0.7
+    predictions, targets = f32(rng, count, width), f32(rng, count, width)
+
+    def reference(p):
+        return scale * np.mean((np.asarray(p, np.float64) - targets) ** 2)
+
+    loss, d_predictions = testing.patch_loss(predictions, targets, scale)
+    assert loss * scale == pytest.approx(reference(predictions), rel=1e-6)
+    assert_close(d_predictions, numeric_gradient(reference, predictions, 1.0))
+    empty, _ = testing.patch_loss(np.zeros((0, width), np.float32), np.zeros((0, width), np.float32))
+    assert np.isnan(empty)
 
 
 def test_cross_entropy_without_rows_is_nan_and_writes_nothing():

@@ -190,10 +190,10 @@ def rewrite(source, destination, change_tensors=None, change_metadata=None):
 
 def test_what_this_module_does_not_build_is_refused_by_name(checkpoints, tmp_path):
     source = checkpoints["plain_weights"]
-    image = rewrite(source, str(tmp_path / "image.safetensors"),
-                    lambda t: t.update({"image.patch_embedding": np.zeros((128, 768), np.float32)}))
-    with pytest.raises(uform.Unsupported, match=r"holds image weights \(image.patch_embedding\)"):
-        uform_torch.load(image)
+    video = rewrite(source, str(tmp_path / "video.safetensors"),
+                    lambda t: t.update({"video.projection": np.zeros((128, 1536), np.float32)}))
+    with pytest.raises(uform.Unsupported, match=r"holds video weights \(video.projection\)"):
+        uform_torch.load(video)
     head = rewrite(source, str(tmp_path / "head.safetensors"),
                    lambda t: t.update({"reranker.head": np.zeros((1, 128), np.float32)}))
     with pytest.raises(uform.InvalidCheckpoint, match="holds the tensor reranker.head, which uform.torch does not"):

@@ -112,6 +112,23 @@ def test_rope(rng):
         assert np.array_equal(gpu[:, 512:], qkv[:, 512:])  # values are not rotated
 
 
+def test_rope_of_image_patches(rng):
+    rows, columns = rng.integers(0, 128, 700), rng.integers(0, 128, 700)
+    positions = (np.uint32(1 << 31) | rows.astype(np.uint32) << 15 | columns.astype(np.uint32)).astype(np.uint32)
+    qkv = act(rng, 700, 3 * 256)
+    for operation in (testing.rope_forward, testing.rope_backward):
+        cpu, gpu = both(operation, qkv, positions)
+        close(gpu, cpu, BF16)
+
+
+def test_patch_loss(rng):
+    predictions, targets = act(rng, 300, 768), rng.standard_normal((300, 768)).astype(np.float32)
+    (loss, d), (gpu_loss, gpu_d) = both(testing.patch_loss, predictions, targets, 0.7)
+    assert gpu_loss == pytest.approx(loss, rel=1e-5)
+    close(gpu_d, d, BF16)
+    assert np.array_equal(testing.patch_loss(predictions, targets, 0.7, backend="vram")[1], gpu_d)
+
+
 def test_choices(rng):
     logits = act(rng, 5, 256, scale=3.0)
     offered = [bytes(rng.permutation(256)[:k].astype(np.uint8)) for k in (2, 1, 7, 40, 256)]
@@ -310,6 +327,21 @@ def test_step_with_late_interaction_matches_the_cpu(rng, cpu, gpu, form):
         (stats, gradients), (gpu_stats, gpu_gradients) = reference._probe(step), trainer._probe(step)
         assert gpu_stats.late_interaction_loss == pytest.approx(stats.late_interaction_loss, rel=MODEL)
         assert gpu_stats.query_rows == stats.query_rows > 0
+        close(gpu_gradients, gradients, MODEL)
+
+
+def test_a_step_with_images_matches_the_cpu(rng, cpu, gpu):
+    from test_images import drawing
+
+    images = [drawing(shape, color, rng) for shape, color in (("disk", "red"), ("bar", "blue"), ("square", "green"))]
+    step = dict(modalities=["text"] * 3 + ["image"] * 3, contents=["a red disk", "a blue bar", "a green square"] + images,
+                relations=dict(attract=uform.Edges(list(range(7)), [3, 4, 5, 0, 1, 2])))
+    config = dict(CONFIG, batch=dict(CONFIG["batch"], image=dict(patch_side=8)))
+    with uform.Trainer.init_ram(cpu, config) as reference, uform.Trainer.init_vram(gpu, config) as trainer:
+        (stats, gradients), (gpu_stats, gpu_gradients) = reference._probe(step), trainer._probe(step)
+        assert gpu_stats.masked_patches == stats.masked_patches > 0
+        assert gpu_stats.image_loss == pytest.approx(stats.image_loss, rel=MODEL)
+        assert gpu_stats.loss == pytest.approx(stats.loss, rel=MODEL)
         close(gpu_gradients, gradients, MODEL)
 
 

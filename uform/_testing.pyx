@@ -147,6 +147,7 @@ cdef extern from "backend.h" nogil:
         uform_status_t (*normalize_rows_backward)(void*, void*, const float*, const float*, const void*, size_t, size_t)
         uform_status_t (*late_interaction)(void*, double*, float*, float*, float*, const float*, size_t, size_t,
                                            const float*, const float*, const uform_late_interaction_setup_t*, float)
+        uform_status_t (*patch_loss)(void*, double*, void*, const void*, const float*, size_t, size_t, float)
         uform_status_t (*sum_squares)(void*, double*, const float*, size_t)
         uform_status_t (*adamw)(void*, const uform_update_t*)
 
@@ -526,6 +527,17 @@ def cross_entropy(logits, targets, float scale=1.0, d_logits=None, int threads=2
                                     targets.size, logits.shape[1], scale))
     shape = logits.shape if d_logits is None else d_logits.shape
     return s.get_double(<size_t>loss), s.get(<size_t>gradient, shape, ACT)
+
+
+def patch_loss(predictions, targets, float scale=1.0, int threads=2, backend="ram"):
+    """Returns (loss, d_predictions) for predictions and float32 targets of one shape (rows, width)."""
+    targets = np.ascontiguousarray(targets, dtype=np.float32)
+    cdef Session s = Session(backend, threads, tokens=max(predictions.shape[0], 1))
+    cdef double* loss = <double*>s.put(np.full(1, np.nan))
+    cdef void* gradient = s.put(np.full(predictions.shape, np.nan, np.float32), ACT)
+    s.check(s.backend.patch_loss(s.context, loss, gradient, s.put(predictions, ACT), <float*>s.put(targets),
+                                 predictions.shape[0], predictions.shape[1], scale))
+    return s.get_double(<size_t>loss), s.get(<size_t>gradient, predictions.shape, ACT)
 
 
 def choices(logits, offered, targets=None, float scale=1.0, int threads=2, backend="ram"):

@@ -43,7 +43,7 @@ VOCABULARY = 260  # bytes, the three ids above and one reserved
 BYTES = 256
 FORMAT = "uform/1"
 ENCODER_TOKENS = 16384  # the longest row `uform.Encoder` packs; a trainer refuses longer rows
-MODALITIES = ("image", "video", "audio")  # declared by the library, not built by this module
+MODALITIES = ("video", "audio")  # declared by the library, not built by this module
 
 
 class Tokenized(NamedTuple):
@@ -101,6 +101,16 @@ class _Text(nn.Module):
         self.decoder = nn.Parameter(torch.empty(BYTES, hidden))  # the byte decoder: masked and choice positions
 
 
+class _Image(nn.Module):
+    """The image input projection and patch decoder every checkpoint holds. This module embeds text only, so
+    they travel through `load` and `save` untouched; images are embedded by `uform.Encoder`."""
+
+    def __init__(self, hidden: int, patch: int) -> None:
+        super().__init__()
+        self.projection = nn.Parameter(torch.empty(hidden, patch))
+        self.decoder = nn.Parameter(torch.empty(patch, hidden))
+
+
 class _Scores(nn.Module):
     """A term's learned inverse temperatures (as logarithms) and biases, one per group."""
 
@@ -152,6 +162,8 @@ class Encoder(nn.Module):
         self.config, self.step = config, step
         self.config_json = config_json if config_json is not None else json.dumps(config)
         self.text = _Text(self.hidden)
+        image = config.get("batch", {}).get("image", {})
+        self.image = _Image(self.hidden, image.get("patch_side", 16) ** 2 * image.get("channels", 3))
         self.blocks = nn.ModuleList(Block(self.hidden) for _ in range(self.depth))
         self.final_norm = nn.Parameter(torch.ones(self.hidden))
         self.contrastive = _Scores(self.temperature_groups)

@@ -179,6 +179,7 @@ cdef extern from "uform.h" nogil:
         float masked_loss
         float contrastive_loss
         float late_interaction_loss
+        float image_loss
         float choices_loss
         float grad_norm
         uint64_t items
@@ -188,6 +189,7 @@ cdef extern from "uform.h" nogil:
         uint64_t contrastive_rows
         uint64_t choice_items
         uint64_t query_rows
+        uint64_t masked_patches
         double host_seconds
         uint32_t skipped
         uint32_t temperature_groups

@@ -185,10 +185,10 @@ typedef void* uform_encoder_t;
 /*  Configuration                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-/** @brief How image items are cut into patches. Not read by this build's text-only model. */
+/** @brief How image items are cut into patches: squares of `patch_side` x `patch_side` pixels of `channels` each. */
 typedef struct uform_image_shape_t {
-    uint32_t patch_side; /**< Pixels on a patch's side; 0 derives 16. */
-    uint32_t channels;   /**< 0 derives 3. */
+    uint32_t patch_side; /**< Pixels on a patch's side, at most 64; 0 derives 16. */
+    uint32_t channels;   /**< 1 gray, 3 RGB, 4 RGBA; 0 derives 3. */
 } uform_image_shape_t;
 
 /** @brief How video items are cut into tubelets. Not read by this build's text-only model. */
@@ -329,6 +329,7 @@ typedef struct uform_trainer_stats_t {
     float contrastive_loss;
     float late_interaction_loss;
     float choices_loss;
+    float image_loss;     /**< Masked image reconstruction: mean squared error over hidden patches. */
     float grad_norm;      /**< Global gradient norm before clipping. */
     uint64_t items;       /**< Items this process contributed. */
     uint64_t tokens;      /**< Token positions after truncation. */
@@ -337,6 +338,7 @@ typedef struct uform_trainer_stats_t {
     uint64_t contrastive_rows; /**< Anchor rows the contrastive term counted; 0 when it counted none. */
     uint64_t choice_items;     /**< Items whose choices the choices term scored. */
     uint64_t query_rows;       /**< Query rows the late-interaction term counted. */
+    uint64_t masked_patches;   /**< Image patches hidden and reconstructed; 0 when the term did not run. */
     /** Seconds from the call until the step's inputs were validated, packed and queued for upload:
      *  the time a GPU waits for the host, beside the step's wall time. */
     double host_seconds;

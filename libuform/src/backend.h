@@ -54,6 +54,7 @@ typedef struct uform_plan_t {
     size_t hidden, heads;
     int contrastive;              /* whether the contrastive term runs, and needs its scratch */
     size_t pairs, query_span;     /* late interaction: (query, document) pairs per step, a query's rows at most */
+    size_t patch;                 /* floats in an image patch */
     uform_layout_t const* layout; /* the parameters AdamW walks; NULL for an encoder's replica, which never updates */
 } uform_plan_t;
 
@@ -72,7 +73,8 @@ enum {
     uform_scalar_norm_squared_k = 2,     /* the global gradient's squared norm */
     uform_scalar_choices_loss_k = 3,     /* mean cross-entropy over the items that offer choices, unweighted */
     uform_scalar_late_interaction_loss_k = 4, /* the late-interaction term; NaN when no query row counted */
-    uform_scalars_k = 5,
+    uform_scalar_image_loss_k = 5,       /* mean squared error over hidden image patches, unweighted */
+    uform_scalars_k = 6,
 };
 
 /** The contrastive term's settings, as the backend's loss operation reads them. */
@@ -84,8 +86,8 @@ typedef struct uform_contrastive_setup_t {
 
 /** Which losses ran this step and how the total weighs them. */
 typedef struct uform_terms_t {
-    int masked_ran, contrastive_ran, choices_ran, late_ran;
-    float text_weight, choices_weight, late_weight; /* the terms' weights; the contrastive term's is one */
+    int masked_ran, contrastive_ran, choices_ran, late_ran, image_ran;
+    float text_weight, choices_weight, late_weight, image_weight; /* the contrastive term's weight is one */
 } uform_terms_t;
 
 /** One AdamW update of every tensor of a layout, or none when the step is poisoned. */
@@ -111,7 +113,7 @@ typedef struct uform_update_t {
 
 /** Whether any loss ran: a step where none did changes nothing. */
 UFORM_HOST_DEVICE static inline int uform_terms_ran(uform_terms_t terms) {
-    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran || terms.late_ran;
+    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran || terms.late_ran || terms.image_ran;
 }
 
 /** The step's total loss, as the core reports it: the weighted sum of the losses that ran. */
@@ -121,6 +123,7 @@ UFORM_HOST_DEVICE static inline double uform_total_loss(double const* scalars, u
     if (terms.contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
     if (terms.choices_ran) total += (double)terms.choices_weight * scalars[uform_scalar_choices_loss_k];
     if (terms.late_ran) total += (double)terms.late_weight * scalars[uform_scalar_late_interaction_loss_k];
+    if (terms.image_ran) total += (double)terms.image_weight * scalars[uform_scalar_image_loss_k];
     return total;
 }
 
@@ -129,6 +132,18 @@ UFORM_HOST_DEVICE static inline int uform_update_poisoned(double const* scalars,
     float loss = (float)uform_total_loss(scalars, terms);
     float norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     return !isfinite(loss) || !isfinite(norm);
+}
+
+/**
+ *  The coordinate rotary pair `pair` of a head turns with, and in `*frequency` the pair whose text
+ *  frequency it turns at. A text token's pair i turns with its position at 10000^(-2i/64). An image
+ *  patch's even pairs turn with its row and its odd pairs with its column, pairs 2k and 2k + 1 both
+ *  at text's frequency of pair 2k: each axis gets every other frequency, the same span of scales.
+ */
+UFORM_HOST_DEVICE static inline uint32_t uform_rope_coordinate(uint32_t position, int pair, int* frequency) {
+    if (!(position & UFORM_POSITION_GRID)) return *frequency = pair, position;
+    *frequency = pair & ~1;
+    return pair & 1 ? position & 0x7FFF : (position >> 15) & 0xFFFF;
 }
 
 /** Whether a contrastive row with these attract and repel weight sums takes part in the mean. */
@@ -243,6 +258,14 @@ typedef uform_status_t (*uform_cross_entropy_t)(void* context, double* loss, voi
 typedef uform_status_t (*uform_choices_op_t)(void* context, double* loss, void* d_logits, float* probabilities,
                                              void const* logits, uint32_t const* offsets, uint8_t const* choices,
                                              float const* targets, size_t count, float scale);
+/**
+ *  Masked reconstruction: the mean over `count` rows x `width` of (predictions - targets)^2 into
+ *  `*loss` (a device scalar, written; NaN for count 0), and d_predictions = scale 2 (predictions -
+ *  targets) / (count width), written. Predictions and their gradient are activations, targets
+ *  float32; the rows' sums are added in double, in a fixed order.
+ */
+typedef uform_status_t (*uform_patch_loss_t)(void* context, double* loss, void* d_predictions, void const* predictions,
+                                             float const* targets, size_t count, size_t width, float scale);
 /** out (rows, width) float32 = each row of `in` (activations) over its norm; a zero row stays zero. */
 typedef uform_status_t (*uform_normalize_rows_t)(void* context, float* out, void const* in, size_t rows, size_t width);
 /** d_in (rows, width; activations, written) = (d_out - out <out, d_out>) / |in| per row, the adjoint of the above. */
@@ -344,6 +367,7 @@ typedef struct uform_backend_t {
     uform_normalize_rows_t normalize_rows;
     uform_normalize_rows_backward_t normalize_rows_backward;
     uform_late_interaction_op_t late_interaction;
+    uform_patch_loss_t patch_loss;
     uform_sum_squares_t sum_squares;
     uform_adamw_t adamw;
 } uform_backend_t;

@@ -3,10 +3,12 @@
  *  @brief  Validating a step's inputs and packing them as one device reads them: items cut to a
  *          row, packed first-fit into rows, text masked by keyed draws, and the contrastive cells.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
+#include "media/media.h"
 
 #define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
 
@@ -17,6 +19,7 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     size_t segments = batch->max_segments_per_device, words = sizeof(uint32_t);
     size_t choices = segments * batch->max_choices_per_item, snapshot = (segments + 1) * sizeof(uint64_t);
     size_t late = config->given.late_interaction.weight > 0, edges = late * config->given.contrastive.max_edges_per_device;
+    size_t patch = (size_t)batch->image.patch_side * batch->image.patch_side * batch->image.channels;
     memset(packed, 0, sizeof(*packed));
     /* One block, each array starting on a 64-byte line: the 64-bit offsets first, bytes last. */
     size_t sizes[] = {snapshot, snapshot, snapshot, tokens * words, tokens * words, tokens * words, tokens * words,
@@ -25,7 +28,8 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
                       (segments + 1) * words, choices * sizeof(float), segments * words,
                       late * tokens * words, late * segments * sizeof(uform_span_t), late * segments * words,
                       late * segments * words, late * (segments + 1) * words, edges * words, edges * sizeof(float),
-                      segments * segments, choices, edges, segments};
+                      tokens * patch * sizeof(float), batch->max_columns_per_row * patch * sizeof(float),
+                      tokens * words, segments * segments, choices, edges, segments};
     void** arrays[] = {(void**)&packed->offsets, (void**)&packed->choice_snapshot, (void**)&packed->target_snapshot,
                        (void**)&packed->ids, (void**)&packed->positions, (void**)&packed->masked,
                        (void**)&packed->targets, (void**)&packed->order, (void**)&packed->order_offsets,
@@ -33,14 +37,15 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
                        (void**)&packed->row_fill, (void**)&packed->choice_offsets, (void**)&packed->choice_targets,
                        (void**)&packed->content_lengths, (void**)&packed->late_rows, (void**)&packed->late_spans,
                        (void**)&packed->late_item_span, (void**)&packed->late_queries, (void**)&packed->late_offsets,
-                       (void**)&packed->late_documents, (void**)&packed->late_weights, (void**)&packed->cells,
+                       (void**)&packed->late_documents, (void**)&packed->late_weights, (void**)&packed->patch_values,
+                       (void**)&packed->decoded, (void**)&packed->patch_rows, (void**)&packed->cells,
                        (void**)&packed->choice_bytes, (void**)&packed->late_cells, (void**)&packed->sides};
     size_t total = 0, count = sizeof(sizes) / sizeof(sizes[0]);
     for (size_t i = 0; i != count; ++i) total += (sizes[i] + 63) / 64 * 64;
     uform_status_t status = backend->host_allocate(context, total, &packed->memory);
     if (status != uform_status_success_k)
         return uform_fail(error, status, "no host memory to pack batches of %zu tokens: %zu bytes", tokens, total);
-    packed->backend = backend, packed->context = context;
+    packed->backend = backend, packed->context = context, packed->patch = patch, packed->tokens_capacity = tokens;
     char* cursor = packed->memory;
     for (size_t i = 0; i != count; ++i) *arrays[i] = cursor, cursor += (sizes[i] + 63) / 64 * 64;
     return uform_status_success_k;
@@ -130,13 +135,11 @@ static uform_status_t uform_items_count(uform_config_t const* config, size_t cou
     if (!modalities) return UFORM_INVALID("batch.modalities: NULL");
     for (size_t i = 0; i != count; ++i) {
         uform_modality_t modality = modalities[i];
-        if (modality == uform_modality_text_k) continue;
-        if (modality >= uform_modality_image_k && modality <= uform_modality_audio_k)
+        if (modality == uform_modality_text_k || modality == uform_modality_image_k) continue;
+        if (modality == uform_modality_video_k || modality == uform_modality_audio_k)
             return uform_fail(error, uform_status_unsupported_k,
-                              "batch.modalities[%zu]: %s items need a build with that modality", first + i,
-                              modality == uform_modality_image_k ? "image"
-                              : modality == uform_modality_video_k ? "video"
-                                                                   : "audio");
+                              "batch.modalities[%zu]: the model reads no %s items yet", first + i,
+                              modality == uform_modality_video_k ? "video" : "audio");
         return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", first + i, (int)modality);
     }
     return uform_status_success_k;
@@ -231,6 +234,14 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
     return uform_status_success_k;
 }
 
+static int uform_side_queries(uint8_t side) {
+    return side == uform_late_interaction_query_k || side == uform_late_interaction_query_and_document_k;
+}
+
+static int uform_side_documents(uint8_t side) {
+    return side == uform_late_interaction_document_k || side == uform_late_interaction_query_and_document_k;
+}
+
 static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_t const* config,
                                            uform_trainer_step_t const* step, char const** error) {
     uform_trainer_init_vram_t const* c = &config->given;
@@ -258,6 +269,8 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
         int side = step->sides ? (int)step->sides[i] : uform_late_interaction_none_k;
         if (side < 0 || side > uform_late_interaction_query_and_document_k)
             return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, side);
+        if (uform_side_queries((uint8_t)side) && step->modalities[i] != uform_modality_text_k)
+            return UFORM_INVALID("batch.sides[%zu]: only text items are queries; an image may be a document", i);
         if (side != uform_late_interaction_none_k && !(c->late_interaction.weight > 0))
             return UFORM_INVALID("batch.sides[%zu]: %s needs config.late_interaction.weight", i,
                                  side == uform_late_interaction_query_k      ? "query"
@@ -364,19 +377,53 @@ static void uform_order_fill(uform_packed_t* packed) {
     starts[0] = 0;
 }
 
-/* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot.
-   Each temperature group is read once, into the packed copy, and checked there. */
+/* Which image patches a training step hides: keyed draws per (step, item, patch); NULL shows them all. */
+typedef struct uform_hiding_t {
+    uint64_t step_number;
+    size_t first_item; /* the key of the step's first item */
+} uform_hiding_t;
+
+/* Places an image's decoded patches: a shown one from the front of the patch arrays under the patch id, a hidden
+   one from the back, its values normalized per patch as the reconstruction's target, under the mask id. */
+static void uform_place_patches(uform_packed_t* packed, uform_config_t const* config, uform_hiding_t const* hiding,
+                                size_t item, uform_media_grid_t const* grid) {
+    size_t patch = packed->patch, capacity = packed->tokens_capacity, start = packed->tokens_count;
+    float ratio = config->given.masking.image_mask_ratio;
+    for (uint32_t p = 0; p != grid->rows * grid->columns; ++p) {
+        float const* values = packed->decoded + (size_t)p * patch;
+        int hidden = hiding && uform_uniform(uform_key(config->given.seed, uform_stream_patch_k, hiding->step_number,
+                                                       hiding->first_item + item, p)) < ratio;
+        size_t slot = hidden ? capacity - 1 - packed->patches_hidden++ : packed->patches_shown++;
+        float* to = packed->patch_values + slot * patch;
+        if (hidden) {
+            double sum = 0, squares = 0;
+            for (size_t j = 0; j != patch; ++j) sum += values[j], squares += (double)values[j] * values[j];
+            double mean = sum / (double)patch, variance = squares / (double)patch - mean * mean;
+            double scale = 1.0 / sqrt((variance > 0 ? variance : 0) + 1e-6);
+            for (size_t j = 0; j != patch; ++j) to[j] = (float)(((double)values[j] - mean) * scale);
+        } else
+            memcpy(to, values, patch * sizeof(float));
+        packed->patch_rows[slot] = (uint32_t)(start + p);
+        packed->ids[start + p] = hidden ? uform_mask_id_k : uform_patch_id_k;
+        packed->positions[start + p] = uform_position_grid(p / grid->columns, p % grid->columns);
+    }
+}
+
+/* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot;
+   decodes images into patches. Each temperature group is read once, into the packed copy, and checked there. */
 static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
-                                      uform_tape_t const* contents, uint32_t const* groups, size_t first,
+                                      uform_modality_t const* modalities, uform_tape_t const* contents,
+                                      uint32_t const* groups, uform_hiding_t const* hiding, size_t first,
                                       char const** error) {
     uform_batch_shape_t const* shape = &config->given.batch;
     uint32_t group_count = config->given.contrastive.temperature_groups;
     uint8_t const* bytes = (uint8_t const*)contents->data;
     uint64_t const* offsets = packed->offsets;
     packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = packed->longest = 0;
-    packed->contrastive_rows = 0;
+    packed->contrastive_rows = packed->patches_shown = packed->patches_hidden = 0;
     packed->segments_count = count;
     uint32_t span = config->given.late_interaction.max_query_span;
+    uform_image_shape_t const* image = &shape->image;
     for (size_t i = 0; i != count; ++i) {
         /* An item offering choices ends with its choice position, so its content fits in one column less;
            a query's content is cut to max_query_span and padded up to it. */
@@ -385,9 +432,19 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
                     packed->sides[i] == uform_late_interaction_query_and_document_k;
         if (query) room = span;
         uint64_t begin = offsets[i], content = offsets[i + 1] - begin;
-        if (content > room) content = room, ++packed->truncated;
+        uform_media_grid_t grid = {0};
+        if (modalities[i] == uform_modality_image_k) {
+            char field[64];
+            snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
+            uform_status_t status = uform_image_patches(bytes + begin, content, image->patch_side, image->channels,
+                                                        room, packed->decoded, &grid, field, error);
+            if (status != uform_status_success_k) return status;
+            content = (uint64_t)grid.rows * grid.columns;
+            packed->truncated += grid.truncated != 0;
+        } else if (content > room)
+            content = room, ++packed->truncated;
         uint64_t padded = query ? span : content, length = padded + choosing;
-        packed->content_lengths[i] = (uint32_t)content;
+        packed->content_lengths[i] = grid.rows ? 0 : (uint32_t)content; /* what text masking reads */
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
@@ -404,12 +461,14 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         segment->column = packed->row_fill[row];
         packed->row_fill[row] += (uint32_t)length;
         if (length > packed->longest) packed->longest = length;
-        for (uint32_t p = 0; p != length; ++p) {
-            packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p]
-                                                    : p < padded  ? uform_query_pad_id_k
-                                                                  : uform_choice_id_k;
-            packed->positions[packed->tokens_count + p] = p;
-        }
+        if (grid.rows) uform_place_patches(packed, config, hiding, i, &grid);
+        else
+            for (uint32_t p = 0; p != length; ++p) {
+                packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p]
+                                                        : p < padded  ? uform_query_pad_id_k
+                                                                      : uform_choice_id_k;
+                packed->positions[packed->tokens_count + p] = p;
+            }
         packed->tokens_count += length;
         uint32_t group = packed->groups[i] = groups ? groups[i] : 0;
         if (group >= group_count)
@@ -417,14 +476,6 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
                                  first + i, group, group_count);
     }
     return uform_status_success_k;
-}
-
-static int uform_side_queries(uint8_t side) {
-    return side == uform_late_interaction_query_k || side == uform_late_interaction_query_and_document_k;
-}
-
-static int uform_side_documents(uint8_t side) {
-    return side == uform_late_interaction_document_k || side == uform_late_interaction_query_and_document_k;
 }
 
 /*
@@ -502,9 +553,12 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
                                 uform_trainer_step_t const* step, uint64_t step_number, size_t first_item,
                                 char const** error) {
     if (!step) return UFORM_INVALID("batch: NULL");
+    uform_hiding_t hiding = {step_number, first_item};
     uform_status_t status = uform_batch_validate(packed, config, step, error);
     if (status == uform_status_success_k)
-        status = uform_pack_rows(packed, config, step->count, &step->contents, step->temperature_groups, 0, error);
+        status = uform_pack_rows(packed, config, step->count, step->modalities, &step->contents,
+                                 step->temperature_groups,
+                                 config->given.objective != uform_objective_contrastive_k ? &hiding : NULL, 0, error);
     if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
@@ -531,7 +585,7 @@ uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t co
             status = UFORM_INVALID("choices[%zu]: empty; every text needs at least one byte to choose from", first_item + i);
     if (status == uform_status_success_k) status = uform_contents_check(packed, texts, count, first_item, error);
     if (status == uform_status_success_k)
-        status = uform_pack_rows(packed, config, count, texts, NULL, first_item, error);
+        status = uform_pack_rows(packed, config, count, modalities, texts, NULL, NULL, first_item, error);
     if (status == uform_status_success_k) uform_choice_positions(packed);
     return status;
 }
@@ -546,5 +600,5 @@ uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t con
     if (status != uform_status_success_k) return status;
     packed->choices_count = 0;
     for (size_t i = 0; i != count; ++i) packed->sides[i] = sides ? (uint8_t)sides[i] : 0; /* checked by the caller */
-    return uform_pack_rows(packed, config, count, contents, NULL, first_item, error);
+    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, first_item, error);
 }

@@ -61,6 +61,13 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
         return UFORM_INVALID("config.batch.max_segments_per_device: %u is over 4096", batch->max_segments_per_device);
     if (batch->max_choices_per_item > 256)
         return UFORM_INVALID("config.batch.max_choices_per_item: %u is over 256 bytes", batch->max_choices_per_item);
+    if (!batch->image.patch_side) batch->image.patch_side = 16;
+    if (batch->image.patch_side > 64)
+        return UFORM_INVALID("config.batch.image.patch_side: %u is over 64 pixels", batch->image.patch_side);
+    if (!batch->image.channels) batch->image.channels = 3;
+    if (batch->image.channels != 1 && batch->image.channels != 3 && batch->image.channels != 4)
+        return UFORM_INVALID("config.batch.image.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)",
+                             batch->image.channels);
 
     uform_masking_t* masking = &c->masking;
     UFORM_TRY(uform_derive_fraction(&masking->token_mask_probability, 0.15f, "config.masking.token_mask_probability",
@@ -200,9 +207,10 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         out, capacity,
         "{\"depth\": %u, \"hidden\": %u, \"objective\": %d, \"seed\": %llu, "
         "\"batch\": {\"max_rows_per_device\": %u, \"max_segments_per_device\": %u, \"max_columns_per_row\": %u, "
-        "\"max_bags_per_device\": %u, \"max_choices_per_item\": %u}, "
+        "\"max_bags_per_device\": %u, \"max_choices_per_item\": %u, "
+        "\"image\": {\"patch_side\": %u, \"channels\": %u}}, "
         "\"masking\": {\"token_mask_probability\": %.9g, \"token_mean_span\": %.9g, \"replace_fraction\": %.9g, "
-        "\"random_fraction\": %.9g, \"text_weight\": %.9g}, "
+        "\"random_fraction\": %.9g, \"text_weight\": %.9g, \"image_mask_ratio\": %.9g, \"image_weight\": %.9g}, "
         "\"contrastive\": {\"matryoshka_dimensions\": [%s], \"temperature_groups\": %u, "
         "\"inverse_temperature\": %.9g, \"bias\": %.9g, \"negatives\": %d, \"ambient_repulsion_weight\": %.9g, "
         "\"max_edges_per_device\": %u, \"pair_loss\": %d}, "
@@ -214,8 +222,10 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         "\"clip_norm\": %.9g}}",
         c->depth, c->hidden, (int)c->objective, (unsigned long long)c->seed, c->batch.max_rows_per_device,
         c->batch.max_segments_per_device, c->batch.max_columns_per_row, c->batch.max_bags_per_device,
-        c->batch.max_choices_per_item, (double)c->masking.token_mask_probability, (double)c->masking.token_mean_span,
+        c->batch.max_choices_per_item, c->batch.image.patch_side, c->batch.image.channels,
+        (double)c->masking.token_mask_probability, (double)c->masking.token_mean_span,
         (double)c->masking.replace_fraction, (double)c->masking.random_fraction, (double)c->masking.text_weight,
+        (double)c->masking.image_mask_ratio, (double)c->masking.image_weight,
         dimensions, c->contrastive.temperature_groups, (double)c->contrastive.inverse_temperature,
         (double)c->contrastive.bias, (int)c->contrastive.negatives, (double)c->contrastive.ambient_repulsion_weight,
         c->contrastive.max_edges_per_device, (int)c->contrastive.pair_loss, (double)c->late_interaction.weight,

@@ -143,6 +143,13 @@ typedef struct uform_packed_t {
     float* late_weights;         /* (capacity edges) */
     uint8_t* late_cells;         /* (capacity edges) attract or repel */
     uint8_t* sides;              /* (capacity segments) each item's side, read once; none without late interaction */
+    /* Image patches, as the device reads them: the shown ones from the front of `patch_values` and `patch_rows`,
+       the hidden ones (their per-patch normalized targets) from the back, so each kind is one contiguous run. */
+    size_t patches_shown, patches_hidden, patch; /* `patch`: floats in one */
+    size_t tokens_capacity;      /* rows x columns: where the back of the patch arrays ends */
+    float* patch_values;         /* (capacity tokens x patch) */
+    uint32_t* patch_rows;        /* (capacity tokens) the token of each patch */
+    float* decoded;              /* (columns x patch) one image's patches as decoded, before they are placed */
     void* memory;        /* the one host allocation behind the arrays above */
     uform_backend_t const* backend;
     void* context;
@@ -241,6 +248,12 @@ typedef struct uform_replica_t {
     uint32_t* choice_offsets; /* (segments + 1) */
     uint8_t* choice_bytes;    /* (segments x max choices) */
     float* choice_targets;    /* (segments x max choices) */
+    /* Image patches: the shown ones from the front, the hidden ones' targets from the back, as packed. */
+    float* patch_values;      /* (tokens, patch) float32 */
+    void* patches;            /* (tokens, patch) the shown ones as activations; `patch_values` on float32 backends */
+    uint32_t* patch_rows;     /* (tokens) the token of each, shown from the front, hidden from the back */
+    void* patch_predictions;  /* (tokens, patch) the patch decoder's outputs at hidden patches */
+    void* d_patch_predictions;
     struct uform_buffer_t* buffers; /* every buffer above, as taken, so they are released alike */
     size_t buffers_count;
 } uform_replica_t;

@@ -57,6 +57,7 @@ typedef enum uform_stream_t {
     uform_stream_span_k = 2,     /* (seed, span, step, item, position): starts and lengths of spans */
     uform_stream_corrupt_k = 3,  /* (seed, corrupt, step, item, position): mask / random / keep */
     uform_stream_byte_k = 4,     /* (seed, byte, step, item, position): the random byte */
+    uform_stream_patch_k = 5,    /* (seed, patch, step, item, patch): whether an image patch is hidden */
 } uform_stream_t;
 
 static inline uint64_t uform_mix(uint64_t x) {
@@ -90,7 +91,8 @@ enum {
     uform_mask_id_k = 256,        /* the id a masked position shows */
     uform_choice_id_k = 257,      /* the id of the position, after an item's content, whose logits choose */
     uform_query_pad_id_k = 258,   /* the id that pads a query's rows up to max_query_span */
-    uform_vocabulary_k = 260,     /* 256 bytes, the mask id and three ids reserved for choices and queries */
+    uform_patch_id_k = 259,       /* an image patch's id: its row of the table adds to the patch's projection */
+    uform_vocabulary_k = 260,     /* 256 bytes, the mask id, the choice and query-padding ids, the patch id */
     uform_mlp_ratio_k = 4,        /* the MLP's inner width is 4 x hidden */
 };
 
@@ -118,6 +120,8 @@ typedef struct uform_layout_t {
     uform_block_tensors_t* blocks; /* `depth` blocks */
     size_t embedding, final_norm, decoder, log_inverse_temperature, bias;
     size_t token_head, late_log_inverse_temperature, late_bias; /* SIZE_MAX: no late interaction */
+    size_t image_projection, image_decoder; /* (hidden, patch) and (patch, hidden) */
+    size_t patch;                 /* floats in an image patch: patch_side^2 x channels */
     size_t total;                 /* floats in each flat buffer */
 } uform_layout_t;
 
@@ -136,6 +140,16 @@ typedef struct uform_segment_t {
     uint32_t row;    /* the row of `max_columns_per_row` positions it occupies */
     uint32_t column; /* its first position in that row */
 } uform_segment_t;
+
+/**
+ *  A token's position word. A text token's is its position in the item. An image patch's sets the
+ *  top bit and holds its patch row in bits 15 to 30 and its column in bits 0 to 14.
+ */
+#define UFORM_POSITION_GRID 0x80000000u
+
+static inline uint32_t uform_position_grid(uint32_t row, uint32_t column) {
+    return UFORM_POSITION_GRID | row << 15 | column;
+}
 
 /** How a contrastive cell counts. */
 typedef enum uform_cell_t {

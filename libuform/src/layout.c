@@ -26,7 +26,7 @@ uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram
     uform_late_interaction_t const* late = &config->late_interaction;
     *layout = (uform_layout_t){.depth = depth, .hidden = hidden, .heads = hidden / uform_head_width_k,
                                .temperature_groups = groups, .token_head = SIZE_MAX};
-    layout->tensors = calloc(6 * (size_t)depth + 8, sizeof(uform_tensor_t));
+    layout->tensors = calloc(6 * (size_t)depth + 10, sizeof(uform_tensor_t));
     layout->blocks = calloc(depth, sizeof(uform_block_tensors_t));
     if (!layout->tensors || !layout->blocks) {
         uform_layout_free(layout);
@@ -53,6 +53,10 @@ uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram
     }
     layout->final_norm = uform_layout_push(layout, "final_norm", 1, h, 0, 1);
     layout->decoder = uform_layout_push(layout, "text.decoder", uform_bytes_k, h, std, 0);
+    uform_image_shape_t const* image = &config->batch.image;
+    layout->patch = (size_t)image->patch_side * image->patch_side * image->channels;
+    layout->image_projection = uform_layout_push(layout, "image.projection", h, layout->patch, std, 0);
+    layout->image_decoder = uform_layout_push(layout, "image.decoder", layout->patch, h, std, 0);
     layout->log_inverse_temperature = uform_layout_push(layout, "contrastive.log_inverse_temperature", 1, groups, 0,
                                                         logf(config->contrastive.inverse_temperature));
     layout->bias = uform_layout_push(layout, "contrastive.bias", 1, groups, 0, config->contrastive.bias);

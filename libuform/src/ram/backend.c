@@ -123,6 +123,7 @@ uform_backend_t const uform_ram_backend = {
     .normalize_rows = uform_ram_normalize_rows,
     .normalize_rows_backward = uform_ram_normalize_rows_backward,
     .late_interaction = uform_ram_late_interaction,
+    .patch_loss = uform_ram_patch_loss,
     .pool_forward = uform_ram_pool_forward,
     .pool_backward = uform_ram_pool_backward,
     .contrastive = uform_ram_contrastive,

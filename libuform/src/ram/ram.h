@@ -121,6 +121,8 @@ uform_status_t uform_ram_late_interaction(void* context, double* loss, float* d_
                                           float* d_bias, float const* vectors, size_t rows, size_t width,
                                           float const* log_inverse_temperature, float const* bias,
                                           uform_late_interaction_setup_t const* setup, float scale);
+uform_status_t uform_ram_patch_loss(void* context, double* loss, void* d_predictions, void const* predictions,
+                                    float const* targets, size_t count, size_t width, float scale);
 uform_status_t uform_ram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
                                      float* d_bias, float* normalized, float const* pooled,
                                      float const* log_inverse_temperature, float const* bias, uint8_t const* cells,

@@ -2,7 +2,8 @@
  *  @file   rope.c
  *  @brief  Rotary positions on the query and key thirds of qkv (tokens, 3 hidden), in place.
  *
- *  Each 64-wide head rotates its pairs (x[2i], x[2i+1]) by position * 10000^(-2i/64). Angles,
+ *  Each 64-wide head rotates its pairs (x[2i], x[2i+1]) by position * 10000^(-2i/64), an image
+ *  patch's by its row and its column in turn (`uform_rope_coordinate`). Angles,
  *  cosines and sines are computed in double and rounded once to float, so positions in the
  *  thousands keep their precision.
  */
@@ -21,7 +22,8 @@ static uform_status_t uform_ram_rope_rotate(void* context, float* qkv, uint32_t 
     for (size_t token = 0; token < tokens; ++token) {
         float cosines[uform_ram_rope_pairs_k], sines[uform_ram_rope_pairs_k];
         for (int pair = 0; pair < uform_ram_rope_pairs_k; ++pair) {
-            double angle = (double)positions[token] * frequencies[pair];
+            int frequency;
+            double angle = (double)uform_rope_coordinate(positions[token], pair, &frequency) * frequencies[frequency];
             cosines[pair] = (float)cos(angle);
             sines[pair] = (float)(sign * sin(angle));
         }

@@ -208,6 +208,7 @@ uform_backend_t const uform_vram_backend = {
     uform_vram_normalize_rows,
     uform_vram_normalize_rows_backward,
     uform_vram_late_interaction,
+    uform_vram_patch_loss,
     uform_vram_sum_squares,
     uform_vram_adamw,
 };

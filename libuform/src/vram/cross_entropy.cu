@@ -84,13 +84,13 @@ __global__ void uform_vram_cross_entropy_rows(double* __restrict__ losses, uform
     if (lane == 0) losses[row] = loss;
 }
 
-/** One block of 1024 threads: *loss = (the rows' losses added in the fixed order) / count. */
+/** One block of 1024 threads: *loss = (the rows' losses added in the fixed order) / divisor. */
 __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_cross_entropy_mean(double* __restrict__ loss, double const* __restrict__ losses,
-                                              size_t count) {
+                                              size_t count, double divisor) {
     double sum = 0;
     for (size_t index = threadIdx.x; index < count; index += uform_vram_reduce_threads_k) sum += losses[index];
     sum = uform_vram_cross_entropy_total(sum);
-    if (threadIdx.x == 0) *loss = sum / (double)count;
+    if (threadIdx.x == 0) *loss = sum / divisor;
 }
 
 /**
@@ -143,6 +143,11 @@ uform_status_t uform_vram_cross_entropy(void* context, double* loss, void* d_log
         losses, (uform_bf16_t*)d_logits, (uform_bf16_t const*)logits, targets, count, classes, factor);
     uform_status_t status = uform_vram_launched("uform_vram_cross_entropy (rows)");
     if (status != uform_status_success_k) return status;
-    uform_vram_cross_entropy_mean<<<1, uform_vram_reduce_threads_k, 0, vram->stream>>>(loss, losses, count);
-    return uform_vram_launched("uform_vram_cross_entropy (mean)");
+    return uform_vram_mean_of_rows(vram, loss, losses, count, (double)count, "uform_vram_cross_entropy (mean)");
+}
+
+uform_status_t uform_vram_mean_of_rows(uform_vram_context_t* context, double* loss, double const* losses, size_t count,
+                                       double divisor, char const* name) {
+    uform_vram_cross_entropy_mean<<<1, uform_vram_reduce_threads_k, 0, context->stream>>>(loss, losses, count, divisor);
+    return uform_vram_launched(name);
 }

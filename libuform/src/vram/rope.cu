@@ -3,7 +3,8 @@
  *  @brief  Rotary positions on the query and key thirds of qkv (tokens, 3 hidden), in place, and
  *          the inverse rotation of their gradients. Twin of `ram/rope.c`.
  *
- *  Each 64-wide head rotates its pairs (x[2i], x[2i+1]) by position * 10000^(-2i/64). One thread
+ *  Each 64-wide head rotates its pairs (x[2i], x[2i+1]) by position * 10000^(-2i/64), an image
+ *  patch's by its row and its column in turn (`uform_rope_coordinate`). One thread
  *  per (token, pair index i): it computes that angle's cosine and sine once, in double with
  *  `sincospi` (the frequencies, divided by pi, are computed on the host in double and passed as a
  *  kernel argument), rounds them to float as the CPU does, and rotates pair i of every query and
@@ -32,7 +33,9 @@ __global__ void uform_vram_rope_kernel(__nv_bfloat162* __restrict__ qkv, uint32_
         size_t token = index / uform_vram_rope_pairs_k;
         int pair = (int)(index % uform_vram_rope_pairs_k);
         double sine, cosine;
-        sincospi((double)positions[token] * frequencies.over_pi[pair], &sine, &cosine);
+        int frequency;
+        uint32_t coordinate = uform_rope_coordinate(positions[token], pair, &frequency);
+        sincospi((double)coordinate * frequencies.over_pi[frequency], &sine, &cosine);
         float c = (float)cosine, s = (float)(sign * sine);
         __nv_bfloat162* row = qkv + token * row_pairs + pair;
         for (size_t head = 0; head < rotated_heads; ++head) {

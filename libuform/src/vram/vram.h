@@ -158,6 +158,11 @@ uform_status_t uform_vram_late_interaction(void* context, double* loss, float* d
                                            size_t rows, size_t width, float const* log_inverse_temperature,
                                            float const* bias, uform_late_interaction_setup_t const* setup,
                                            float scale);
+uform_status_t uform_vram_patch_loss(void* context, double* loss, void* d_predictions, void const* predictions,
+                                     float const* targets, size_t count, size_t width, float scale);
+/** *loss = (losses[0] + ... + losses[count - 1], added in a fixed order) / divisor: one launch. */
+uform_status_t uform_vram_mean_of_rows(uform_vram_context_t* context, double* loss, double const* losses, size_t count,
+                                       double divisor, char const* name);
 uform_status_t uform_vram_contrastive(void* context, double* loss, float* d_pooled, float* d_log_inverse_temperature,
                                       float* d_bias, float* normalized, float const* pooled,
                                       float const* log_inverse_temperature, float const* bias, uint8_t const* cells,
