@@ -6,7 +6,6 @@ decoders land, and then the same batches train.
 """
 
 import io
-import itertools
 import json
 import re
 import tarfile
@@ -16,7 +15,7 @@ import pytest
 
 import uform
 from uform import Modality
-from uform.data import BadRecord, Dataset, Stream, records
+from uform.data import BadRecord, Stream, records
 
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(60))
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(40)

@@ -127,12 +127,12 @@ def text_columns(dataset: Dataset) -> Tuple[str, ...]:
     return tuple(name for column, modality in named if modality is Modality.TEXT for name in column.split(";"))
 
 
-def check_schema(dataset: Dataset, shards: List[Tuple[str, str]]) -> None:
+def check_schema(dataset: Dataset, shards: List[Tuple[str, str]], path: str = "data") -> None:
     """Every column the dataset names is in every shard's header, or its first record: before any step,
     so a misspelt column fails at once, naming itself and the shard."""
-    wanted = [(f"data.columns.{name}", name) for name in dataset.columns]
-    wanted += [(f"data.negatives.{name}", name) for name in dataset.negatives]
-    wanted += [(f"data.{kind}", getattr(dataset, kind)) for kind in ("weight", "choices", "choice_targets")
+    wanted = [(f"{path}.columns.{name}", name) for name in dataset.columns]
+    wanted += [(f"{path}.negatives.{name}", name) for name in dataset.negatives]
+    wanted += [(f"{path}.{kind}", getattr(dataset, kind)) for kind in ("weight", "choices", "choice_targets")
                if getattr(dataset, kind) is not None]
     for path, layout in shards:
         offered = columns_of_first_record(path, layout)
