@@ -257,3 +257,17 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
     assert first.keys() == second.keys()
     for name in first:
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+def test_the_tutorials_config_is_one_uform_train_reads(tmp_path):
+    tutorial = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "tutorial.md")
+    if not os.path.isfile(tutorial):
+        pytest.skip("an installed package without the checkout's docs")
+    blocks = re.findall(r"```toml\n(.*?)```", open(tutorial).read(), re.S)
+    (full,) = [block for block in blocks if "[trainer]" in block]
+    for name in ("train.jsonl", "held-out.jsonl"):
+        (tmp_path / name).write_text('{"signature": "f(x)", "doc": "Return x."}\n')
+    (tmp_path / "pairs.toml").write_text(full)
+    config = cli.load_config(str(tmp_path / "pairs.toml"))
+    assert config.trainer["schedule"]["steps"] == 1200 and config.checkpoints.keep == 3
+    assert config.run.folder == str(tmp_path / "runs" / "pairs") and config.evaluation.max_records == 400
