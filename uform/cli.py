@@ -139,13 +139,12 @@ def load_config(path: str) -> TrainConfig:
     evaluation = None
     if "evaluation" in sections:
         evaluation = _plain_section(Evaluation, sections["evaluation"], "evaluation")
-        paths = evaluation.paths
-        evaluation.paths = [resolve(entry) for entry in ([paths] if isinstance(paths, str) else paths)]
         columns = evaluation.columns if evaluation.columns is not None else dict(list(data.columns.items())[:2])
-        if len(columns) != 2:
+        checked = normalize_dataset(dict(paths=evaluation.paths, columns=columns, format=evaluation.format), "evaluation")
+        if len(checked.columns) != 2:
             raise InvalidArgument(f"evaluation.columns: retrieval needs two columns, a query's and its target's; "
-                                  f"got {len(columns)}")
-        evaluation.columns = normalize_dataset(dict(paths=evaluation.paths, columns=columns), "evaluation").columns
+                                  f"got {len(checked.columns)}")
+        evaluation.paths, evaluation.columns = [resolve(entry) for entry in checked.paths], checked.columns
     run = _plain_section(Run, sections.get("run", {}), "run")
     if run.device not in ("auto", "gpu", "cpu"):
         raise InvalidArgument(f"run.device: {run.device!r} is not one of 'auto', 'gpu', 'cpu'")
