@@ -40,34 +40,52 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged
     import tomli as tomllib
 
 
+def _count(value: Any, path: str) -> int:
+    return unsigned(value, 32, path)
+
+
+def _text(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{path}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _as_given(value: Any, path: str) -> Any:
+    return value  # checked where it is read, as [data]'s fields are
+
+
+def _field(kind, doc: str, **default):
+    return field(metadata={"kind": kind, "doc": doc}, **default)
+
+
 @dataclass
 class Run:
     """Where a run lives and runs."""
 
-    folder: Optional[str] = field(default=None, metadata={"doc": "Checkpoints and logs; absent: runs/NAME beside "
-                                                                 "the config NAME.toml."})
-    device: str = field(default="auto", metadata={"doc": "auto (a GPU when there is one), gpu or cpu."})
-    threads: Optional[int] = field(default=None, metadata={"doc": "CPU threads; absent: every core."})
+    folder: Optional[str] = _field(_text, "Checkpoints and logs; absent: runs/NAME beside the config NAME.toml.",
+                                   default=None)
+    device: str = _field(_text, "auto (a GPU when there is one), gpu or cpu.", default="auto")
+    threads: Optional[int] = _field(_count, "CPU threads; absent: every core.", default=None)
 
 
 @dataclass
 class Checkpoints:
     """When a run saves, and how many checkpoints it keeps."""
 
-    every_steps: Optional[int] = field(default=None, metadata={"doc": "Save every this many steps."})
-    every_minutes: Optional[float] = field(default=30.0, metadata={"doc": "Save when this many minutes passed."})
-    keep: int = field(default=3, metadata={"doc": "The newest checkpoints kept; older ones are deleted."})
+    every_steps: Optional[int] = _field(_count, "Save every this many steps.", default=None)
+    every_minutes: Optional[float] = _field(real, "Save when this many minutes passed.", default=30.0)
+    keep: int = _field(_count, "The newest checkpoints kept; older ones are deleted.", default=3)
 
 
 @dataclass
 class Evaluation:
     """Retrieval on a held-out split: each record's first column finds its second, and back."""
 
-    paths: Sequence[str] = field(metadata={"doc": "Held-out files, folders or glob patterns."})
-    columns: Optional[Mapping] = field(default=None, metadata={"doc": "Two columns; absent: [data]'s first two."})
-    format: Optional[str] = field(default=None, metadata={"doc": "As [data].format."})
-    every_steps: Optional[int] = field(default=None, metadata={"doc": "Evaluate every this many steps, and at the end."})
-    max_records: int = field(default=1000, metadata={"doc": "Held-out records read at most."})
+    paths: Sequence[str] = _field(_as_given, "Held-out files, folders or glob patterns.")
+    columns: Optional[Mapping] = _field(_as_given, "Two columns; absent: [data]'s first two.", default=None)
+    format: Optional[str] = _field(_text, "As [data].format.", default=None)
+    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end.", default=None)
+    max_records: int = _field(_count, "Held-out records read at most.", default=1000)
 
 
 _SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints}
@@ -83,20 +101,10 @@ def _plain_section(kind: type, value: Any, path: str) -> Any:
             raise InvalidArgument(f"{path}.{key}: unknown field")
     given = {}
     for name, f in names.items():
-        entry = value.get(name)
-        if entry is None:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise InvalidArgument(f"{path}.{name}: missing; {f.metadata['doc']}")
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if name in ("every_steps", "keep", "threads", "max_records"):
-            entry = unsigned(entry, 32, f"{path}.{name}")
-        elif name == "every_minutes":
-            entry = real(entry, f"{path}.{name}")
-        elif isinstance(default, str) or name in ("folder", "format"):
-            if not isinstance(entry, str):
-                raise InvalidArgument(f"{path}.{name}: expected a string, got {type(entry).__name__}")
-        given[name] = entry
+        if value.get(name) is not None:
+            given[name] = f.metadata["kind"](value[name], f"{path}.{name}")
+        elif f.default is dataclasses.MISSING:
+            raise InvalidArgument(f"{path}.{name}: missing; {f.metadata['doc']}")
     return kind(**given)
 
 
