@@ -7,7 +7,7 @@ function, class and method with a signature and a docstring gives one pair, the 
 (`json.dumps(obj, *, skipkeys=False, ...)`) and the docstring's first paragraph. A few hundred
 pairs are held out. The job measures retrieval on them (for each held-out signature, is its own
 docstring the nearest of all held-out docstrings: recall@1) before and after training, trains
-with the joint objective (masked bytes plus contrastive pairs) with a progress bar, and saves the
+with the joint objective (masked bytes plus contrastive pairs) with a progress bar (tqdm), and saves the
 checkpoint. It runs on a GPU when this build has one, else on the CPU.
 """
 import argparse
@@ -23,6 +23,7 @@ import time
 import warnings
 
 import numpy as np
+import tqdm
 
 import uform
 
@@ -105,38 +106,6 @@ def recall_at_1(encoder, pairs):
     return float((nearest == np.arange(len(pairs))).mean())
 
 
-class Progress:
-    """A one-line progress bar on stderr: step, loss, throughput and time left. Where stderr is not
-    a terminal (a log, a pipe), one line every tenth of the run instead of a redrawn bar."""
-
-    def __init__(self, total, stream=None):
-        self.total, self.stream = total, stream or sys.stderr
-        self.start, self.tokens, self.smoothed = time.perf_counter(), 0, None
-        self.terminal = self.stream.isatty()
-
-    def update(self, done, stats):
-        self.tokens += stats.tokens
-        loss = stats.loss
-        self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
-        if not self.terminal and done != self.total and done % max(1, self.total // 10):
-            return
-        elapsed = time.perf_counter() - self.start
-        left = elapsed / done * (self.total - done)
-        width = 30
-        filled = int(width * done / self.total)
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} loss {self.smoothed:.3f} (masked "
-                f"{stats.masked_loss:.3f}, contrastive {stats.contrastive_loss:.3f}) "
-                f"{self.tokens / elapsed / 1e3:.1f}k tok/s {left:.0f}s left")
-        self.stream.write(f"\r{line} " if self.terminal else f"{line}\n")
-        self.stream.flush()
-
-    def close(self):
-        if self.terminal:
-            self.stream.write("\n")
-            self.stream.flush()
-        return time.perf_counter() - self.start
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # A GPU trains a deeper, wider model on larger steps in the time two cores train the small one.
@@ -180,15 +149,26 @@ def main(argv=None):
         print(f"recall@1 on {len(held_out)} held-out pairs before training: {before:.3f}", flush=True)
 
         order = random.Random(args.seed + 1)
-        progress = Progress(args.steps)
+        # A bar where stderr is a terminal; elsewhere (a log, a pipe) a line every tenth of the run.
+        bar = tqdm.tqdm(total=args.steps, unit="step", disable=None)
+        start, tokens, smoothed = time.perf_counter(), 0, None
         cursor, shuffled = len(train), []
         for step in range(1, args.steps + 1):
             if cursor + args.pairs_per_step > len(shuffled):
                 shuffled, cursor = order.sample(train, len(train)), 0
             chosen = shuffled[cursor:cursor + args.pairs_per_step]
             cursor += args.pairs_per_step
-            progress.update(step, trainer.step(pair_batch(chosen)).stats)
-        seconds = progress.close()
+            stats = trainer.step(pair_batch(chosen)).stats
+            tokens += stats.tokens
+            smoothed = stats.loss if smoothed is None else 0.9 * smoothed + 0.1 * stats.loss
+            state = (f"loss {smoothed:.3f} (masked {stats.masked_loss:.3f}, contrastive {stats.contrastive_loss:.3f}) "
+                     f"{tokens / (time.perf_counter() - start) / 1e3:.1f}k tok/s")
+            bar.set_postfix_str(state, refresh=False)
+            bar.update()
+            if bar.disable and (step == args.steps or step % max(1, args.steps // 10) == 0):
+                print(f"{step}/{args.steps} {state}", file=sys.stderr, flush=True)
+        bar.close()
+        seconds = time.perf_counter() - start
         trainer.save(args.out)
         with uform.Encoder.load(args.out, executor) as encoder:
             after = recall_at_1(encoder, held_out)

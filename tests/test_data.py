@@ -1,0 +1,318 @@
+"""uform.data: each reader on files made here, the schema checked before a step, bad records skipped or
+refused in each format, and the stream's order: keyed on the seed, shared among processes, resumed exactly.
+
+Image columns are checked up to the batch they make: the library refuses image items until its
+decoders land, and then the same batches train.
+"""
+
+import io
+import json
+import re
+import tarfile
+
+import numpy as np
+import pytest
+
+import uform
+from uform import Modality
+from uform.data import BadRecord, Stream, records
+
+JPEG = b"\xff\xd8\xff\xe0" + bytes(range(60))
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(40)
+CONFIG = dict(depth=1, hidden=128, objective="joint", seed=11, schedule=dict(steps=100),
+              batch=dict(max_rows_per_device=4, max_columns_per_row=64))
+PAIRS = dict(question="text", answer="text")
+
+
+def pairs(count, start=0):
+    return [dict(question=f"question {i}?", answer=f"the answer is {i}") for i in range(start, start + count)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def write_tar(path, samples):
+    """`samples`: (key, {extension: bytes}), written as WebDataset writes them: a sample's files together."""
+    with tarfile.open(path, "w") as archive:
+        for key, files in samples:
+            for extension, data in files.items():
+                member = tarfile.TarInfo(f"{key}.{extension}")
+                member.size = len(data)
+                archive.addfile(member, io.BytesIO(data))
+    return str(path)
+
+
+def take(stream, steps):
+    return [next(stream) for _ in range(steps)]
+
+
+def locations(steps):
+    return [step.locations for step in steps]
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Readers                                                                                         #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def test_jsonl_rows_become_pairs_that_attract_both_ways_and_train(tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", pairs(12))
+    with Stream(dict(paths=[path], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
+        step = next(stream)
+    batch = step.batch
+    # In file order; pairs of 26 bytes pack two and more to a row of 64 columns, as many as 4 rows hold.
+    assert step.locations == [f"{path}:{i}" for i in range(9)]
+    assert [bytes(batch["contents"][i]) for i in range(2)] == [b"question 0?", b"the answer is 0"]
+    attract = batch["relations"]["attract"]
+    assert list(attract.offsets) == list(range(19)) and list(attract.ids[:6]) == [1, 0, 3, 2, 5, 4]
+    assert batch["bags"][:6] == [0, 0, 1, 1, 2, 2]
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, CONFIG) as trainer:
+        assert trainer.step(batch).stats.contrastive_rows == 18
+
+
+def test_csv_reads_quoted_fields_negatives_and_weights(tmp_path):
+    path = tmp_path / "triplets.csv"
+    path.write_text('query,positive,negative,weight\n"red, panda",bamboo eater,"a fox\nin snow",2\n'
+                    'tiger,striped cat,house cat,0.5\n')
+    dataset = dict(paths=[str(path)], columns=dict(query="text", positive="text"), negatives=dict(negative="text"),
+                   weight="weight", shuffle_buffer=0)
+    with Stream(dataset, CONFIG) as stream:
+        batch = next(stream).batch
+    assert [bytes(batch["contents"][i]) for i in range(3)] == [b"red, panda", b"bamboo eater", b"a fox\nin snow"]
+    attract, repel = batch["relations"]["attract"], batch["relations"]["repel"]
+    assert list(attract.ids[:2]) == [1, 0] and list(attract.offsets[:4]) == [0, 1, 2, 2]
+    assert list(repel.offsets[:4]) == [0, 1, 2, 4] and list(repel.ids[:4]) == [2, 2, 0, 1]  # repel both ways
+    assert list(attract.weights) == [2, 2, 0.5, 0.5] and list(repel.weights) == [2, 2, 2, 2, 0.5, 0.5, 0.5, 0.5]
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, CONFIG) as trainer:
+        assert np.isfinite(trainer.step(batch).stats.loss)
+
+
+def test_parquet_reads_row_groups_and_resumes_inside_one(tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet
+
+    rows = pairs(30)
+    path = str(tmp_path / "pairs.parquet")
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path, row_group_size=7)
+    assert [values["answer"] for _, values, _ in records(dict(paths=[path], columns=PAIRS))] == [r["answer"] for r in rows]
+    from uform.data import read_parquet
+
+    assert [key for key, _ in read_parquet(path, start=12)] == [str(i) for i in range(12, 30)]
+
+
+def test_choices_and_their_targets_come_from_columns(tmp_path):
+    path = write_jsonl(tmp_path / "judged.jsonl", [dict(text=f"is {i} even?", label=f"{i} is a number", choices="yn",
+                                                        targets=[0.9, 0.1] if i % 2 == 0 else [0.2, 0.8]) for i in range(6)])
+    config = dict(CONFIG, batch=dict(CONFIG["batch"], max_choices_per_item=2), choices=dict(weight=1))
+    dataset = dict(paths=[path], columns=dict(text="text", label="text"), choices="choices", choice_targets="targets",
+                   shuffle_buffer=0)
+    with Stream(dataset, config) as stream:
+        batch = next(stream).batch
+    assert [bytes(batch["choices"][i]) for i in range(2)] == [b"yn", b""]
+    assert list(batch["choice_targets"][0]) == pytest.approx([0.9, 0.1])
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+        assert trainer.step(batch).stats.choice_items == len(batch["modalities"]) // 2
+    with pytest.raises(uform.InvalidArgument, match="data.choices: .*max_choices_per_item"):
+        Stream(dataset, CONFIG)
+
+
+def test_tar_shards_in_webdataset_layout_pass_images_as_their_bytes(tmp_path):
+    shards = [write_tar(tmp_path / f"shard-{n}.tar", [(f"{n}{i:03d}", dict(jpg=JPEG + bytes([i]), txt=f"photo {i}".encode(),
+                                                                             json=b"{}")) for i in range(5)])
+              for n in range(2)]
+    dataset = dict(paths=[str(tmp_path / "shard-*.tar")], columns=dict(jpg="image", txt="text"), shuffle_buffer=0)
+    with Stream(dataset, dict(CONFIG, batch=dict(max_rows_per_device=8, max_columns_per_row=64))) as stream:
+        step = next(stream)
+    batch = step.batch
+    # An image takes a whole row until the library says how many patches it makes; the captions share
+    # one row, so 8 rows hold 7 pairs.
+    assert step.locations == [f"{shards[0]}:0{i:03d}" for i in range(5)] + [f"{shards[1]}:1{i:03d}" for i in range(2)]
+    assert batch["modalities"][:2] == [Modality.IMAGE, Modality.TEXT]
+    assert bytes(batch["contents"][0]) == JPEG + bytes([0]) and bytes(batch["contents"][1]) == b"photo 0"
+
+
+def test_folders_of_captioned_files_take_whichever_extension_a_sample_has(tmp_path):
+    (tmp_path / "photos" / "more").mkdir(parents=True)
+    (tmp_path / "photos" / "cat.jpg").write_bytes(JPEG)
+    (tmp_path / "photos" / "cat.txt").write_text("a cat on a mat")
+    (tmp_path / "photos" / "more" / "dog.png").write_bytes(PNG)
+    (tmp_path / "photos" / "more" / "dog.txt").write_text("a dog in fog")
+    dataset = dict(paths=[str(tmp_path / "photos")], columns={"jpg;png": "image", "txt": "text"}, shuffle_buffer=0)
+    found = [(location.rsplit(":", 1)[1], values["txt"]) for location, values, _ in records(dataset)]
+    assert found == [("cat", "a cat on a mat"), ("more/dog", "a dog in fog")]
+    with Stream(dataset, dict(CONFIG, batch=dict(max_rows_per_device=8, max_columns_per_row=64))) as stream:
+        batch = next(stream).batch
+    assert [bytes(batch["contents"][i]) for i in (0, 2)] == [JPEG, PNG]
+
+
+def test_image_paths_in_a_table_are_read_beside_it(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(JPEG)
+    path = write_jsonl(tmp_path / "captions.jsonl", [dict(image="images/a.jpg", caption="an a")])
+    with Stream(dict(paths=[path], columns=dict(image="image", caption="text")), CONFIG) as stream:
+        batch = next(stream).batch
+    assert bytes(batch["contents"][0]) == JPEG
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, CONFIG) as trainer:
+        with pytest.raises(uform.Unsupported, match="image"):  # until the library decodes images
+            trainer.step(batch)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  The schema, before any step                                                                     #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def test_a_missing_column_or_key_fails_at_once_naming_it(tmp_path):
+    jsonl = write_jsonl(tmp_path / "a.jsonl", pairs(3))
+    (tmp_path / "a.csv").write_text("question,reply\nq,r\n")
+    tar = write_tar(tmp_path / "a.tar", [("k0", dict(jpg=JPEG, json=b"{}"))])
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "k.jpg").write_bytes(JPEG)
+    cases = [(jsonl, dict(question="text", answr="text"), "data.columns.answr: .*a.jsonl's first record has no column 'answr'"),
+             (str(tmp_path / "a.csv"), PAIRS, "data.columns.answer: .*a.csv's header has no column 'answer' .*'reply'"),
+             (tar, dict(jpg="image", txt="text"), "data.columns.txt: .*a.tar's first record has no file 'txt'"),
+             (str(tmp_path / "folder"), dict(jpg="image", txt="text"), "data.columns.txt: .*has no file 'txt'")]
+    for path, columns, message in cases:
+        with pytest.raises(uform.InvalidArgument, match=message):
+            Stream(dict(paths=[path], columns=columns), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match=r"data.paths\[0\]: .*no such file"):
+        Stream(dict(paths=[str(tmp_path / "absent.jsonl")], columns=PAIRS), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match="data.colums: unknown field"):
+        Stream(dict(paths=[jsonl], colums=PAIRS), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match="data.columns.question: 'txt' is not a Modality"):
+        Stream(dict(paths=[jsonl], columns=dict(question="txt")), CONFIG)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Bad records: skipped and counted with their location, or refused                                #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def bad_datasets(tmp_path):
+    """(dataset, the locations of its bad records) in each format; every other record is good."""
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text('{"question": "q0", "answer": "a0"}\nnot json\n{"question": "q2", "answer": " "}\n'
+                     '{"question": "q3"}\n{"question": "q4", "answer": "a4"}\n')
+    csv = tmp_path / "bad.csv"
+    csv.write_text("question,answer\nq0,a0\nq1,\nq2,a2\n")
+    tar = write_tar(tmp_path / "bad.tar", [("k0", dict(jpg=JPEG, txt=b"zero")), ("k1", dict(jpg=JPEG)),
+                                           ("k2", dict(jpg=b"<html>not found</html>", txt=b"two")),
+                                           ("k3", dict(jpg=JPEG, txt=b"\xff\xfe")), ("k4", dict(jpg=JPEG, txt=b"four"))])
+    folder = tmp_path / "bad-folder"
+    folder.mkdir()
+    for key, image, caption in (("a", JPEG, "an a"), ("b", b"", "a b"), ("c", JPEG, ""), ("d", JPEG, None)):
+        (folder / f"{key}.jpg").write_bytes(image)
+        if caption is not None:
+            (folder / f"{key}.txt").write_text(caption)
+    cases = [(dict(paths=[str(jsonl)], columns=PAIRS), [f"{jsonl}:{i}" for i in (1, 2, 3)]),
+             (dict(paths=[str(csv)], columns=PAIRS), [f"{csv}:1"]),
+             (dict(paths=[tar], columns=dict(jpg="image", txt="text")), [f"{tar}:k{i}" for i in (1, 2, 3)]),
+             (dict(paths=[str(folder)], columns=dict(jpg="image", txt="text")), [f"{folder}:{k}" for k in "bcd"])]
+    try:
+        import pyarrow.parquet
+
+        parquet = str(tmp_path / "bad.parquet")
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist([dict(question="q0", answer="a0"),
+                                                               dict(question=None, answer="a1")]), parquet)
+        cases.append((dict(paths=[parquet], columns=PAIRS), [f"{parquet}:1"]))
+    except ImportError:
+        pass
+    return cases
+
+
+def test_bad_records_are_skipped_and_counted_with_their_location_in_every_format(tmp_path):
+    big = dict(CONFIG, batch=dict(max_rows_per_device=64, max_columns_per_row=64))
+    for dataset, bad in bad_datasets(tmp_path):
+        with Stream(dict(dataset, shuffle_buffer=0), big) as stream:
+            step = next(stream)  # one epoch fits one batch; the next epoch's first batch ends it
+        assert sorted(message.split(": ")[0] for message in step.bad_records) == bad, step.bad_records
+        assert len(step.locations) == len(list(records(dataset))) - len(bad)
+
+
+def test_bad_records_are_refused_when_asked_naming_the_first(tmp_path):
+    for dataset, bad in bad_datasets(tmp_path):
+        with Stream(dict(dataset, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:
+            with pytest.raises(BadRecord, match=f"^({'|'.join(map(re.escape, bad))}): "):
+                next(stream)
+            with pytest.raises(StopIteration):  # a refused stream stays stopped
+                next(stream)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  The order: keyed on the seed, packed, shared among processes, resumed exactly                   #
+# ---------------------------------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """Three JSONL shards of 20, 15 and 25 pairs: 60 records, a few epochs in the steps below."""
+    return [write_jsonl(tmp_path / f"part-{n}.jsonl", pairs(count, 100 * n)) for n, count in enumerate((20, 15, 25))]
+
+
+def stream_of(shards, process_index=0, process_count=1, cursor=None, seed=11, shuffle_buffer=8, **data):
+    dataset = dict(paths=shards, columns=PAIRS, shuffle_buffer=shuffle_buffer, **data)
+    return Stream(dataset, dict(CONFIG, seed=seed), process_index, process_count, cursor)
+
+
+def test_the_order_is_keyed_on_the_seed_and_every_epoch_holds_every_record_once(shards):
+    with stream_of(shards) as first, stream_of(shards) as again, stream_of(shards, seed=12) as other:
+        steps = take(first, 40)
+        assert locations(steps) == locations(take(again, 40))
+        assert locations(steps) != locations(take(other, 40))
+    seen = [location for step in steps for location in step.locations]
+    assert sorted(seen[:60]) == sorted(location for location, _, _ in records(dict(paths=shards, columns=PAIRS)))
+    assert seen[:60] != sorted(seen[:60])
+    assert steps[-1].cursor["epoch"] >= 1
+
+
+def test_packing_fills_a_devices_rows_as_the_library_packs_them(shards):
+    config = dict(CONFIG, batch=dict(max_rows_per_device=3, max_columns_per_row=40, max_segments_per_device=5))
+    with Stream(dict(paths=shards, columns=PAIRS), config) as stream, \
+            uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, config) as trainer:
+        for step in take(stream, 6):  # ~27 bytes a pair: rows of 40 hold one pair and a half, segments cap at 2 pairs
+            assert len(step.locations) == 2
+            trainer.step(step.batch)
+    with stream_of(shards, max_groups_per_step=1) as stream:
+        assert [len(step.locations) for step in take(stream, 3)] == [1, 1, 1]
+
+
+def test_a_resumed_stream_continues_exactly_mid_epoch_and_across_epochs(shards):
+    with stream_of(shards) as whole:
+        expected = take(whole, 30)
+    for stop in (3, 11, 17):  # inside a block, at another, past an epoch's end
+        with stream_of(shards, cursor=expected[stop - 1].cursor) as resumed:
+            assert locations(take(resumed, 30 - stop)) == locations(expected[stop:])
+    with pytest.raises(uform.InvalidArgument, match="data.shuffle_buffer: the stream being resumed read"):
+        stream_of(shards, cursor=expected[0].cursor, shuffle_buffer=4)
+    with pytest.raises(uform.InvalidArgument, match="data.paths: the stream being resumed read shards"):
+        stream_of(shards[:2], cursor=expected[0].cursor)
+
+
+def test_processes_share_the_one_sequence_and_resume_onto_another_count(shards):
+    with stream_of(shards) as alone:
+        sequence = locations(take(alone, 24))  # one process: every device batch in turn
+    with stream_of(shards, 0, 2) as first, stream_of(shards, 1, 2) as second:
+        pairs_of_steps = list(zip(take(first, 6), take(second, 6)))
+    assert [batch for a, b in pairs_of_steps for batch in (a.locations, b.locations)] == sequence[:12]
+    cursor = pairs_of_steps[-1][0].cursor
+    assert cursor == pairs_of_steps[-1][1].cursor  # every process answers the same cursor
+    # Resumed onto three processes, then onto one: no batch repeats, none is skipped.
+    streams = [stream_of(shards, index, 3, cursor) for index in range(3)]
+    steps = [take(stream, 2) for stream in streams]
+    for stream in streams:
+        stream.close()
+    assert [steps[index][step].locations for step in range(2) for index in range(3)] == sequence[12:18]
+    with stream_of(shards, cursor=steps[0][-1].cursor) as alone:
+        assert locations(take(alone, 6)) == sequence[18:24]
+
+
+def test_an_error_in_the_thread_surfaces_at_the_next_batch(tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", pairs(3))
+    with stream_of([path]) as stream:
+        next(stream)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with stream_of([str(empty)]) as stream, pytest.raises(uform.InvalidArgument, match="hold no records"):
+        next(stream)

@@ -1,0 +1,601 @@
+"""The `uform` command: train from a TOML config, embed a dataset, describe a checkpoint.
+
+    uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
+    uform embed CHECKPOINT INPUT OUTPUT     # a table or shards in, .npy or .parquet out
+    uform info CHECKPOINT                   # geometry, step, config, tensor sizes
+
+A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
+`[trainer.batch]`, `[trainer.schedule]`, ...), `[data]` a `uform.data.Dataset`, and `[evaluation]`,
+`[checkpoints]` and `[run]` the dataclasses below. Relative paths are read from the config's folder.
+docs/tutorial.md has a complete example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import struct
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import uform
+from .config import Modality, TrainerConfig, enum_member, normalize, real, scalar_member, unsigned
+from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
+from .data.readers import columns_of_first_record
+from .errors import Error, InvalidArgument, Unsupported
+from .logs import RunLog
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, packaged
+    import tomli as tomllib
+
+
+def _count(value: Any, path: str) -> int:
+    return unsigned(value, 32, path)
+
+
+def _text(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{path}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _as_given(value: Any, path: str) -> Any:
+    return value  # checked where it is read, as [data]'s fields are
+
+
+def _field(kind, doc: str, **default):
+    return field(metadata={"kind": kind, "doc": doc}, **default)
+
+
+@dataclass
+class Run:
+    """Where a run lives and runs."""
+
+    folder: Optional[str] = _field(_text, "Checkpoints and logs; absent: runs/NAME beside the config NAME.toml.",
+                                   default=None)
+    device: str = _field(_text, "auto (a GPU when there is one), gpu or cpu.", default="auto")
+    threads: Optional[int] = _field(_count, "CPU threads; absent: every core.", default=None)
+
+
+@dataclass
+class Checkpoints:
+    """When a run saves, and how many checkpoints it keeps."""
+
+    every_steps: Optional[int] = _field(_count, "Save every this many steps.", default=None)
+    every_minutes: Optional[float] = _field(real, "Save when this many minutes passed.", default=30.0)
+    keep: int = _field(_count, "The newest checkpoints kept; older ones are deleted.", default=3)
+
+
+@dataclass
+class Evaluation:
+    """Retrieval on a held-out split: each record's first column finds its second, and back."""
+
+    paths: Sequence[str] = _field(_as_given, "Held-out files, folders or glob patterns.")
+    columns: Optional[Mapping] = _field(_as_given, "Two columns; absent: [data]'s first two.", default=None)
+    format: Optional[str] = _field(_text, "As [data].format.", default=None)
+    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end.", default=None)
+    max_records: int = _field(_count, "Held-out records read at most.", default=1000)
+
+
+_SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints}
+
+
+def _plain_section(kind: type, value: Any, path: str) -> Any:
+    """A section of plain fields as its dataclass, naming an unknown key, a missing one or a wrong type."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{path}: expected a table of keys")
+    names = {f.name: f for f in dataclasses.fields(kind)}
+    for key in value:
+        if key not in names:
+            raise InvalidArgument(f"{path}.{key}: unknown field")
+    given = {}
+    for name, f in names.items():
+        if value.get(name) is not None:
+            given[name] = f.metadata["kind"](value[name], f"{path}.{name}")
+        elif f.default is dataclasses.MISSING:
+            raise InvalidArgument(f"{path}.{name}: missing; {f.metadata['doc']}")
+    return kind(**given)
+
+
+@dataclass
+class TrainConfig:
+    """A `uform train` config, every section checked, every relative path made absolute."""
+
+    path: str
+    run: Run
+    trainer: Dict[str, Any]
+    data: Dataset
+    evaluation: Optional[Evaluation]
+    checkpoints: Checkpoints
+
+
+def load_config(path: str) -> TrainConfig:
+    """Reads and checks a TOML config; `InvalidArgument` names the first field at fault."""
+    try:
+        with open(path, "rb") as file:
+            sections = tomllib.load(file)
+    except tomllib.TOMLDecodeError as error:
+        raise InvalidArgument(f"{path}: not TOML: {error}") from None
+    for name in sections:
+        if name not in _SECTIONS:
+            raise InvalidArgument(f"{name}: unknown section (one of {', '.join(_SECTIONS)})")
+    for name in ("trainer", "data"):
+        if name not in sections:
+            raise InvalidArgument(f"{name}: missing section")
+    here = os.path.dirname(os.path.abspath(path))
+
+    def resolve(entry):
+        return os.path.join(here, os.path.expanduser(entry))
+
+    trainer = dict(sections["trainer"])
+    normalize(TrainerConfig, trainer, "trainer")  # checks every field now, named as the config names it
+    if trainer.get("resume") is not None:
+        trainer["resume"] = resolve(trainer["resume"])
+    data = normalize_dataset(sections["data"])
+    data.paths = [resolve(entry) for entry in data.paths]
+    evaluation = None
+    if "evaluation" in sections:
+        evaluation = _plain_section(Evaluation, sections["evaluation"], "evaluation")
+        columns = evaluation.columns if evaluation.columns is not None else dict(list(data.columns.items())[:2])
+        checked = normalize_dataset(dict(paths=evaluation.paths, columns=columns, format=evaluation.format), "evaluation")
+        if len(checked.columns) != 2:
+            raise InvalidArgument(f"evaluation.columns: retrieval needs two columns, a query's and its target's; "
+                                  f"got {len(checked.columns)}")
+        evaluation.paths, evaluation.columns = [resolve(entry) for entry in checked.paths], checked.columns
+    run = _plain_section(Run, sections.get("run", {}), "run")
+    if run.device not in ("auto", "gpu", "cpu"):
+        raise InvalidArgument(f"run.device: {run.device!r} is not one of 'auto', 'gpu', 'cpu'")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    run.folder = resolve(run.folder) if run.folder is not None else os.path.join(here, "runs", stem)
+    checkpoints = _plain_section(Checkpoints, sections.get("checkpoints", {}), "checkpoints")
+    if checkpoints.keep < 1:
+        raise InvalidArgument("checkpoints.keep: 0; a run keeps at least its newest checkpoint")
+    return TrainConfig(path, run, trainer, data, evaluation, checkpoints)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Checkpoints and the stream's cursor beside each                                                 #
+# ---------------------------------------------------------------------------------------------- #
+
+_CHECKPOINT = re.compile(r"step-(\d+)\.safetensors$")
+
+
+def cursor_path(checkpoint: str) -> str:
+    """The stream's cursor beside a checkpoint: `step-N.safetensors` has `step-N.cursor.json`."""
+    return checkpoint[: -len(".safetensors")] + ".cursor.json"
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Writes beside `path` and renames, so a crash leaves the old file or the new, never half of one."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def checkpoints_in(folder: str) -> List[Tuple[int, str]]:
+    """(step, path) of every complete checkpoint, oldest first. The checkpoint is written first and its
+    cursor second, so a checkpoint without a cursor is one a crash interrupted, and is passed over."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in os.listdir(folder):
+        match = _CHECKPOINT.match(name)
+        path = os.path.join(folder, name)
+        if match and os.path.isfile(cursor_path(path)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict[str, Any], keep: int) -> str:
+    """Saves the checkpoint, then its cursor, then deletes all but the newest `keep`."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"step-{step:09d}.safetensors")
+    trainer.save(path)
+    write_atomically(cursor_path(path), json.dumps(dict(step=step, cursor=cursor), indent=1))
+    complete = checkpoints_in(folder)
+    for _, old in complete[:-keep]:
+        os.remove(old)  # the checkpoint first: a cursor left alone is ignored
+        os.remove(cursor_path(old))
+    return path
+
+
+def read_header(path: str) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """A safetensors file's `__metadata__` and its tensors' entries (dtype, shape, data_offsets)."""
+    with open(path, "rb") as file:
+        head = file.read(8)
+        if len(head) != 8:
+            raise InvalidArgument(f"{path}: too short to be a safetensors file")
+        (length,) = struct.unpack("<Q", head)
+        if length > 100 << 20:
+            raise InvalidArgument(f"{path}: a header of {length} bytes; this is no checkpoint")
+        try:
+            header = json.loads(file.read(length))
+        except ValueError as error:
+            raise InvalidArgument(f"{path}: its header is no JSON: {error}") from None
+    metadata = header.pop("__metadata__", {}) or {}
+    return metadata, header
+
+
+def checkpoint_step(path: str) -> int:
+    return int(read_header(path)[0].get("step", 0))
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Evaluation                                                                                      #
+# ---------------------------------------------------------------------------------------------- #
+
+
+@dataclass
+class HeldOut:
+    """Query and target items of the held-out records, and the bad ones passed over."""
+
+    names: Tuple[str, str]
+    modalities: Tuple[Modality, Modality]
+    queries: List[Any]
+    targets: List[Any]
+    bad_records: List[str]
+
+
+def read_held_out(evaluation: Evaluation) -> HeldOut:
+    dataset = Dataset(paths=evaluation.paths, columns=evaluation.columns, format=evaluation.format)
+    check_schema(dataset, list_shards(dataset), "evaluation")
+    names = tuple(dataset.columns)
+    queries, targets, bad = [], [], []
+    for location, values, folder in records(dataset):
+        if len(queries) == evaluation.max_records:
+            break
+        try:
+            group = load_media(make_group(dataset, location, values, folder))
+        except BadRecord as error:
+            bad.append(str(error))
+            continue
+        queries.append(group.items[0][1])
+        targets.append(group.items[1][1])
+    if len(queries) < 2:
+        raise InvalidArgument(f"evaluation.paths: {len(queries)} usable records; retrieval needs at least two")
+    return HeldOut(names, tuple(dataset.columns.values()), queries, targets, bad)
+
+
+def retrieval(queries: np.ndarray, targets: np.ndarray) -> Dict[str, float]:
+    """Recall@1, recall@10 and the mean reciprocal rank of each query's own target among all targets."""
+    scores = queries @ targets.T
+    own = np.diagonal(scores)[:, None]
+    ranks = (scores > own).sum(axis=1)  # ties count in the query's favour
+    return {"recall@1": float((ranks < 1).mean()), "recall@10": float((ranks < 10).mean()),
+            "mrr": float((1.0 / (ranks + 1)).mean())}
+
+
+def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held_out: HeldOut) -> Dict[str, Dict]:
+    """Retrieval both ways with the trainer's weights as they are, through a weights-only copy."""
+    path = os.path.join(folder, "evaluation.safetensors")
+    trainer.save(path, weights_only=True)
+    with uform.Encoder.load(path, executor) as encoder:
+        queries = encoder.embed([held_out.modalities[0]] * len(held_out.queries), held_out.queries).to_float32()
+        targets = encoder.embed([held_out.modalities[1]] * len(held_out.targets), held_out.targets).to_float32()
+    forward, backward = held_out.names, held_out.names[::-1]
+    return {f"{forward[0]}->{forward[1]}": retrieval(queries, targets),
+            f"{backward[0]}->{backward[1]}": retrieval(targets, queries)}
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  uform train                                                                                     #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def open_executor(device: str, threads: Optional[int]):
+    """(executor, the trainer's init) on a GPU when asked or, for "auto", when this build and machine have one."""
+    if device != "cpu":
+        if "vram" in uform.capabilities():
+            try:
+                return uform.Executor.for_vram(), uform.Trainer.init_vram
+            except Unsupported:
+                if device == "gpu":
+                    raise
+        elif device == "gpu":
+            raise Unsupported("run.device: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
+    return uform.Executor.for_ram(threads=threads), uform.Trainer.init_ram
+
+
+class _Stop:
+    """SIGINT and SIGTERM ask the run to stop after the step in flight; a second one stops it at once."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self._previous = {number: signal.signal(number, self._ask) for number in (signal.SIGINT, signal.SIGTERM)}
+
+    def _ask(self, number: int, frame: Any) -> None:
+        self.signal = number
+        signal.signal(number, signal.SIG_DFL)
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+_LOSSES = ("loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss")
+
+
+def train(config_path: str) -> int:
+    config = load_config(config_path)
+    folder = config.run.folder
+    saved_in = os.path.join(folder, "checkpoints")
+    os.makedirs(folder, exist_ok=True)
+    trainer_config = dict(config.trainer)
+    steps = trainer_config["schedule"]["steps"]
+    cursor, step = None, 0
+    complete = checkpoints_in(saved_in)
+    if complete:
+        step, latest = complete[-1]
+        with open(cursor_path(latest), encoding="utf-8") as file:
+            cursor = json.load(file)["cursor"]
+        trainer_config["resume"] = latest
+    elif trainer_config.get("resume"):
+        step = checkpoint_step(trainer_config["resume"])  # a new run from another's weights: the data starts over
+    if step >= steps:
+        print(f"uform: {folder} already took its {steps} steps; raise trainer.schedule.steps to train on")
+        return 0
+    # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
+    with Stream(config.data, trainer_config, cursor=cursor) as stream:
+        held_out = read_held_out(config.evaluation) if config.evaluation else None
+        executor, init = open_executor(config.run.device, config.run.threads)
+        with executor, init(executor, trainer_config) as trainer:
+            return _train_loop(config, trainer, executor, stream, held_out, step, steps, trainer_config.get("resume"))
+
+
+def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed) -> int:
+    import tqdm  # only the command draws a bar
+
+    every, saved_in = config.checkpoints, os.path.join(config.run.folder, "checkpoints")
+    log = RunLog(config.run.folder)
+    log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed))
+    if held_out and held_out.bad_records:
+        log.write(dict(step=step, held_out_bad_records=held_out.bad_records))
+    saved_step, saved_time, cursor, bad = step, time.monotonic(), None, 0
+    evaluated_step = None
+    stop = _Stop()
+    bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=None)
+    try:
+        while step < steps and stop.signal is None:
+            waiting = time.perf_counter()
+            batch = next(stream)
+            data_seconds = time.perf_counter() - waiting
+            for message in batch.bad_records:
+                log.write(dict(step=step, bad_record=message))
+            bad += len(batch.bad_records)
+            cursor = batch.cursor
+            if batch.batch is None:
+                continue
+            computing = time.perf_counter()
+            try:
+                stats = trainer.deferred().step(batch.batch).wait()
+            except InvalidArgument as error:  # what only the library could judge, such as an image it cannot decode
+                if config.data.bad_records == "refuse":
+                    raise InvalidArgument(f"{error} (in the batch of {', '.join(batch.locations)})") from None
+                log.write(dict(step=step, refused_batch=str(error), locations=batch.locations))
+                bad += len(batch.locations)
+                continue
+            step_seconds = time.perf_counter() - computing
+            stats = stats.stats
+            step = stats.step
+            record = {name: stats[name] for name in _LOSSES + ("learning_rate", "grad_norm", "items", "tokens", "skipped")}
+            log.write(dict(step=step, **record, data_seconds=data_seconds, step_seconds=step_seconds),
+                      {**{f"loss/{name}": stats[name] for name in _LOSSES}, "learning_rate": stats.learning_rate,
+                       "grad_norm": stats.grad_norm, "time/data_seconds": data_seconds,
+                       "time/step_seconds": step_seconds, "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)})
+            bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
+                            bad=bad, refresh=False)
+            bar.update(step - bar.n)
+            minutes = every.every_minutes is not None and time.monotonic() - saved_time >= 60 * every.every_minutes
+            if (every.every_steps and step % every.every_steps == 0) or minutes:
+                save_checkpoint(trainer, saved_in, step, cursor, every.keep)
+                saved_step, saved_time = step, time.monotonic()
+            if held_out and config.evaluation.every_steps and step % config.evaluation.every_steps == 0:
+                _evaluate(trainer, executor, config.run.folder, held_out, log, step)
+                evaluated_step = step
+    finally:
+        bar.close()
+        stop.restore()
+    with log:
+        return _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad)
+
+
+def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad) -> int:
+    """Saves what the last checkpoint lacks; then reports a stop, or evaluates the end of the run."""
+    saved_in = os.path.join(config.run.folder, "checkpoints")
+    if cursor is not None and step != saved_step:
+        save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
+    if stop.signal is not None:
+        name = signal.Signals(stop.signal).name
+        print(f"uform: stopped by {name} at step {step}; `uform train {config.path}` resumes from "
+              f"{checkpoints_in(saved_in)[-1][1]}", file=sys.stderr)
+        return 128 + stop.signal
+    if held_out and evaluated_step != step:
+        _evaluate(trainer, executor, config.run.folder, held_out, log, step)
+    print(f"uform: trained to step {step}; checkpoints in {saved_in}, log in {log.path}"
+          + (f"; {bad} bad records skipped" if bad else ""))
+    return 0
+
+
+def _evaluate(trainer, executor, folder, held_out, log, step) -> None:
+    metrics = evaluate(trainer, executor, folder, held_out)
+    log.write(dict(step=step, evaluation=metrics),
+              {f"evaluation/{direction}/{name}": value for direction, values in metrics.items()
+               for name, value in values.items()})
+    summary = ", ".join(f"{direction} recall@1 {values['recall@1']:.3f} mrr {values['mrr']:.3f}"
+                        for direction, values in metrics.items())
+    print(f"uform: step {step}: {summary}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  uform embed                                                                                     #
+# ---------------------------------------------------------------------------------------------- #
+
+_MEDIA_EXTENSIONS = {Modality.IMAGE: ("jpg", "jpeg", "png", "webp"), Modality.AUDIO: ("wav", "flac", "mp3", "ogg"),
+                     Modality.VIDEO: ("mp4", "webm", "mkv", "avi", "mov")}
+
+
+def _column_modality(column: str) -> Modality:
+    """What a column holds, guessed from a shard's file extension; any other column is text."""
+    for modality, extensions in _MEDIA_EXTENSIONS.items():
+        if any(name in extensions for name in column.lower().split(";")):
+            return modality
+    return Modality.TEXT
+
+
+def embed(checkpoint: str, source: str, output: str, column: Optional[str], modality: Optional[str],
+          layout: Optional[str], scalar: str, device: str, threads: Optional[int], chunk: int) -> int:
+    if not output.endswith((".npy", ".parquet")):
+        raise InvalidArgument(f"OUTPUT: {output!r} ends in neither .npy nor .parquet")
+
+    if column is None:
+        shards = list_shards(normalize_dataset(dict(paths=[source], columns={"_": "text"}, format=layout)))
+        offered = columns_of_first_record(*shards[0]) or []
+        if len(offered) != 1:
+            raise InvalidArgument(f"--column: {source} has {len(offered)} columns ({', '.join(offered)}); name the one "
+                                  "to embed")
+        column = offered[0]
+    kind = enum_member(Modality, modality, "--modality") if modality else _column_modality(column)
+    dataset = normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout, bad_records="refuse"))
+    scalar = scalar_member(scalar, "--scalar")
+    executor, _ = open_executor(device, threads)
+    locations, chunks, pending = [], [], []
+
+    def flush(encoder):
+        rows = encoder.embed([kind] * len(pending), [value for _, value in pending], scalar)
+        chunks.append(np.array(rows))  # a copy: the rows are views valid until the next call
+        locations.extend(location for location, _ in pending)
+        pending.clear()
+
+    with executor, uform.Encoder.load(checkpoint, executor) as encoder:
+        for location, values, folder in records(dataset):
+            group = load_media(make_group(dataset, location, values, folder))  # refuses a bad record, naming it
+            pending.append((location, group.items[0][1]))
+            if len(pending) == chunk:
+                flush(encoder)
+        if pending:
+            flush(encoder)
+        width = encoder.hidden
+    embeddings = np.concatenate(chunks) if chunks else np.zeros((0, width), np.float32)
+    if output.endswith(".npy"):
+        np.save(output, embeddings)
+    else:
+        _write_parquet(output, locations, embeddings)
+    print(f"uform: {len(embeddings)} embeddings of {width} {scalar.value} into {output}")
+    return 0
+
+
+def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> None:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install 'uform[parquet]'") from None
+    values = pyarrow.array(embeddings.reshape(-1))
+    column = pyarrow.FixedSizeListArray.from_arrays(values, embeddings.shape[1])
+    pyarrow.parquet.write_table(pyarrow.table({"location": locations, "embedding": column}), path)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  uform info                                                                                      #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def describe(path: str) -> Dict[str, Any]:
+    """What `uform info` prints: the checkpoint's step, geometry, config and tensors, and its cursor if any."""
+    metadata, tensors = read_header(path)
+    if "config" not in metadata:
+        raise InvalidArgument(f"{path}: its __metadata__ holds no config; it is no uform checkpoint")
+    config = json.loads(metadata["config"])
+    moments = ("adamw.first.", "adamw.second.")
+    weights = {name: entry for name, entry in tensors.items() if not name.startswith(moments)}
+    described = dict(
+        path=path, bytes=os.path.getsize(path), format=metadata.get("format"), step=int(metadata.get("step", 0)),
+        weights_only=metadata.get("weights_only") == "true",
+        geometry=dict(depth=config.get("depth"), hidden=config.get("hidden"), heads=(config.get("hidden") or 0) // 64,
+                      parameters=sum(int(np.prod(entry["shape"])) for entry in weights.values())),
+        config=config,
+        tensors={name: dict(dtype=entry["dtype"], shape=entry["shape"],
+                            bytes=entry["data_offsets"][1] - entry["data_offsets"][0]) for name, entry in tensors.items()},
+    )
+    if os.path.isfile(cursor_path(path)):
+        with open(cursor_path(path), encoding="utf-8") as file:
+            described["cursor"] = json.load(file)["cursor"]
+    return described
+
+
+def info(path: str, as_json: bool) -> int:
+    described = describe(path)
+    if as_json:
+        print(json.dumps(described, indent=1))
+        return 0
+    geometry = described["geometry"]
+    print(f"{path}: {described['bytes'] / 1e6:.1f} MB, {described['format']}, step {described['step']}"
+          + (", weights only" if described["weights_only"] else ""))
+    print(f"geometry: depth {geometry['depth']}, hidden {geometry['hidden']}, {geometry['heads']} heads, "
+          f"{geometry['parameters']:,} parameters")
+    if "cursor" in described:
+        cursor = described["cursor"]
+        print(f"stream: epoch {cursor['epoch']}, shard {cursor['shard']}, offset {cursor['offset']} + {cursor['skip']}, "
+              f"device batch {cursor['batch']}")
+    print("config: " + json.dumps(described["config"], indent=1))
+    width = max(map(len, described["tensors"]))
+    for name, entry in described["tensors"].items():
+        print(f"  {name:<{width}}  {entry['dtype']:<5} {str(tuple(entry['shape'])):<16} {entry['bytes']:>12,} bytes")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  The command line                                                                                #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="uform", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"uform {uform.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    training = commands.add_parser("train", help="train from a TOML config, resuming from its run folder's latest checkpoint")
+    training.add_argument("config")
+    embedding = commands.add_parser("embed", help="embed one column of a table or shards into .npy or .parquet")
+    embedding.add_argument("checkpoint")
+    embedding.add_argument("input", help="a JSONL, CSV or Parquet file, a tar shard or a folder")
+    embedding.add_argument("output", help="OUTPUT.npy (rows in input order) or OUTPUT.parquet (location, embedding)")
+    embedding.add_argument("--column", help="the column (or file extension) to embed; absent: the input's only one")
+    embedding.add_argument("--modality", choices=[m.value for m in Modality], help="absent: by the column's extension")
+    embedding.add_argument("--format", choices=FORMATS, help="the input's layout; absent: by its extension")
+    embedding.add_argument("--scalar", default="f32", choices=[s.value for s in uform.Scalar],
+                           help="f32, f16, bf16 (stored as its uint16 bits) or i8 (round(127 x))")
+    embedding.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
+    embedding.add_argument("--threads", type=int, help="CPU threads; absent: every core")
+    embedding.add_argument("--chunk", type=int, default=256, help="items embedded per call")
+    described = commands.add_parser("info", help="a checkpoint's geometry, step, config and tensor sizes")
+    described.add_argument("checkpoint")
+    described.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "train":
+            return train(args.config)
+        if args.command == "embed":
+            return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
+                         args.device, args.threads, max(1, args.chunk))
+        return info(args.checkpoint, args.json)
+    except (Error, OSError) as error:
+        print(f"uform {args.command}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

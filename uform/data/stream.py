@@ -1,0 +1,354 @@
+"""A dataset as an endless stream of step batches: shuffled, packed, shared among processes, resumable.
+
+Every process reads the same sequence, which does not depend on how many processes there are:
+
+1. Each epoch lists the shards in an order keyed on (seed, epoch) and reads their records in turn.
+2. Consecutive blocks of `shuffle_buffer` records are each permuted, keyed on the seed, the epoch and
+   where the block starts. A block is where shuffling happens, and its start is where a stream resumes.
+3. Records become groups (bad ones are skipped and counted, or refused), and groups are packed, in
+   order, into device batches: as many as fill one device's rows the way the library packs them
+   (first fit, items cut to a row), its segments, bags and edges, and `max_groups_per_step`. An
+   epoch's last batch ends with it, so a batch never holds one record twice.
+4. Process `i` of `n` trains on device batches `i`, `i + n`, `i + 2n`, ... of that sequence.
+
+Every process scans every record's framing and text, but reads the media files only of its own
+batches. A step's cursor is where the next step's first device batch starts: (epoch, shard, offset of
+the block in that shard, records of the block already taken). Saved beside a checkpoint, it lets a run
+continue the same sequence exactly, mid-epoch, on any number of processes: none repeats or skips a
+batch, as their union is the same sequence of device batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..batch import Edges, Tape
+from ..config import Modality, normalize_trainer_config, unsigned
+from ..errors import InvalidArgument
+from .dataset import (BadRecord, Dataset, Group, check_schema, list_shards, load_media, make_group, normalize_dataset,
+                      text_columns)
+from .readers import READERS
+
+_CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")
+
+
+@dataclass
+class StepBatch:
+    """What one step of this process trains on, and where the stream stands after it.
+
+    `batch` is a `TrainerBatch` dict for `trainer.step`, or None when every group of this process's
+    share was bad. `cursor` (a dict of plain values) resumes the stream after this step. `locations`
+    name the batch's groups, `bad_records` the records found bad while making it.
+    """
+
+    batch: Optional[Dict[str, Any]]
+    cursor: Dict[str, Any]
+    locations: List[str] = field(default_factory=list)
+    bad_records: List[str] = field(default_factory=list)
+
+
+class _Capacity:
+    """What one device's step holds, with the library's derived defaults; packs groups the way it does."""
+
+    def __init__(self, config: Dict[str, Any], dataset: Dataset) -> None:
+        batch = config["batch"]
+        self.rows = batch["max_rows_per_device"] or 64
+        self.columns = batch["max_columns_per_row"] or 512
+        self.segments = batch["max_segments_per_device"] or 8 * self.rows
+        self.bags = batch["max_bags_per_device"] or self.segments
+        self.edges = config["contrastive"]["max_edges_per_device"] or 64 * self.segments
+        self.choices = batch["max_choices_per_item"]
+        self.groups = dataset.max_groups_per_step or self.segments
+        self.clear()
+
+    def clear(self) -> None:
+        self.row_fill: List[int] = []
+        self.used_segments = self.used_edges = self.used_groups = 0
+
+    def lengths(self, group: Group) -> List[int]:
+        """Each item's columns: text cut to a row (one column less for an item offering choices, which
+        ends with its choice position); any media item takes a whole row until the library's decoders
+        say how many patches it makes."""
+        lengths = []
+        for index, (modality, value) in enumerate(group.items):
+            choosing = int(index == 0 and group.choices is not None)
+            if modality is Modality.TEXT:
+                lengths.append(min(len(value.encode("utf-8")), self.columns - choosing) + choosing)
+            else:
+                lengths.append(self.columns)
+        return lengths
+
+    def add(self, group: Group, lengths: List[int]) -> bool:
+        """Packs the group when it fits beside what is packed already; False (nothing changed) otherwise."""
+        positives, negatives = group.positives, len(group.items) - group.positives
+        edges = positives * (positives - 1) + 2 * positives * negatives
+        if (self.used_groups + 1 > min(self.groups, self.bags) or self.used_segments + len(lengths) > self.segments
+                or self.used_edges + edges > self.edges):
+            return False
+        fill = list(self.row_fill)
+        for length in lengths:  # first fit in item order, as the library packs
+            row = next((row for row, used in enumerate(fill) if used + length <= self.columns), len(fill))
+            if row == len(fill):
+                if row == self.rows:
+                    return False
+                fill.append(0)
+            fill[row] += length
+        self.row_fill = fill
+        self.used_segments += len(lengths)
+        self.used_edges += edges
+        self.used_groups += 1
+        return True
+
+
+class Stream:
+    """Step batches for this process, from a `Dataset`, packed for the trainer `config`'s geometry.
+
+    >>> with Stream(dict(paths=["pairs.jsonl"], columns=dict(question="text", answer="text")), config) as stream:
+    ...     for step in itertools.islice(stream, 100):
+    ...         trainer.step(step.batch)
+
+    A thread reads, decodes and assembles the next `dataset.prefetch` batches while a step runs. The
+    schema is checked here, before any step: a column missing from a shard raises `InvalidArgument`
+    naming it. `cursor`, a `StepBatch.cursor` of an earlier run over the same shards, seed and
+    `shuffle_buffer`, continues that run's sequence; `process_index` of `process_count` picks this
+    process's share (a mesh's `host_domain_index` and `host_domain_count`).
+    """
+
+    def __init__(self, dataset: Any, config: Any, process_index: int = 0, process_count: int = 1,
+                 cursor: Optional[Dict[str, Any]] = None) -> None:
+        self.dataset = normalize_dataset(dataset)
+        normalized = normalize_trainer_config(config)
+        self.seed = normalized["seed"]
+        self.count = max(1, unsigned(process_count, 32, "process_count"))
+        self.index = unsigned(process_index, 32, "process_index")
+        if self.index >= self.count:
+            raise InvalidArgument(f"process_index: {self.index} is not below process_count = {self.count}")
+        self.capacity = _Capacity(normalized, self.dataset)
+        if self.dataset.choices is not None and not self.capacity.choices:
+            raise InvalidArgument("data.choices: the trainer's config.batch.max_choices_per_item is absent, so no "
+                                  "item may offer choices")
+        self.shards = list_shards(self.dataset)
+        check_schema(self.dataset, self.shards)
+        self.texts = text_columns(self.dataset)
+        self.start = self._checked_cursor(cursor)
+        self._queue: "queue.Queue" = queue.Queue(self.dataset.prefetch)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="uform-data", daemon=True)
+        self._thread.start()
+
+    def _checked_cursor(self, cursor: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        fresh = dict(epoch=0, shard=0, offset=0, skip=0, batch=0)
+        fresh.update(seed=self.seed, shuffle_buffer=self.dataset.shuffle_buffer, shards=[path for path, _ in self.shards])
+        if cursor is None:
+            return fresh
+        if not isinstance(cursor, dict):
+            raise InvalidArgument(f"cursor: expected a dict, got {type(cursor).__name__}")
+        for name in ("seed", "shuffle_buffer", "shards"):
+            if cursor.get(name) != fresh[name]:
+                field_path = "data.paths" if name == "shards" else "config.seed" if name == "seed" else f"data.{name}"
+                raise InvalidArgument(f"{field_path}: the stream being resumed read {name} = {cursor.get(name)!r}, "
+                                      f"now {fresh[name]!r}; the same sequence needs the same {name}")
+        for name in _CURSOR_FIELDS:
+            fresh[name] = unsigned(cursor.get(name), 64, f"cursor.{name}")
+        return fresh
+
+    # -- the sequence every process reads alike ------------------------------------------------ #
+
+    def _positioned(self) -> Iterator[Tuple[Tuple[int, int, int, int], Optional[Tuple[str, Any, str]]]]:
+        """Every record from the start cursor on, endlessly, with its position (epoch, shard, offset, index);
+        None, with the next epoch's first position, where an epoch ends."""
+        start = self.start
+        epoch, shard, offset, skip = start["epoch"], start["shard"], start["offset"], start["skip"]
+        size = max(1, self.dataset.shuffle_buffer)
+        shuffled = self.dataset.shuffle_buffer > 0
+        while not self._stopping.is_set():
+            order = (np.random.default_rng([self.seed, epoch]).permutation(len(self.shards)) if shuffled
+                     else np.arange(len(self.shards)))
+            records = self._records(order, shard, offset)
+            read_any = False
+            while True:
+                block = list(itertools.islice(records, size))
+                if not block:
+                    break
+                read_any = True
+                block_shard, block_offset = block[0][0], block[0][1]
+                permutation = (np.random.default_rng([self.seed, epoch, block_shard, block_offset]).permutation(len(block))
+                               if shuffled else range(len(block)))
+                for index in range(skip, len(block)):
+                    yield (epoch, block_shard, block_offset, index), block[permutation[index]][2]
+                skip = 0
+            if not read_any and shard == 0 and offset == 0:
+                raise InvalidArgument(f"data.paths: the {len(self.shards)} shards hold no records")
+            epoch, shard, offset = epoch + 1, 0, 0
+            yield (epoch, 0, 0, 0), None  # the epoch's end
+
+    def _records(self, order: np.ndarray, shard: int, offset: int):
+        """(shard position in the epoch's order, offset in that shard, (location, values, folder)) from a position on."""
+        for position in range(shard, len(order)):
+            path, layout = self.shards[order[position]]
+            folder = os.path.abspath(path) if layout == "folder" else os.path.dirname(os.path.abspath(path))
+            first = offset if position == shard else 0
+            for number, (key, values) in enumerate(READERS[layout](path, first, self.texts), first):
+                yield position, number, (f"{path}:{key}", values, folder)
+
+    def _device_batches(self) -> Iterator[Tuple[Tuple[int, int, int, int], List[Group], List[str]]]:
+        """Groups packed into device batches, each with the position of its first record and the bad
+        records met before the next batch's first."""
+        capacity, groups, start, bad = self.capacity, [], None, []
+        for position, record in self._positioned():
+            if record is None:  # an epoch ends its last batch, which so never holds a record twice
+                if groups:
+                    yield start, groups, bad
+                groups, bad = [], []
+                continue
+            location, values, folder = record
+            try:
+                group = make_group(self.dataset, location, values, folder)
+                if group.choices is not None and len(group.choices) > capacity.choices:
+                    raise BadRecord(f"{location}: offers {len(group.choices)} choices, over config.batch."
+                                    f"max_choices_per_item = {capacity.choices}")
+                lengths = capacity.lengths(group)
+                if groups and capacity.add(group, lengths):
+                    groups.append(group)
+                    continue
+                if groups:
+                    yield start, groups, bad
+                    bad = []
+                capacity.clear()
+                if not capacity.add(group, lengths):
+                    raise BadRecord(f"{location}: its {len(lengths)} items do not fit one device's step "
+                                    f"({capacity.rows} rows of {capacity.columns} columns, {capacity.segments} segments, "
+                                    f"{capacity.edges} edges)")
+                groups, start = [group], position
+            except BadRecord as error:
+                self._bad(error, bad)
+
+    def _bad(self, error: BadRecord, bad: List[str]) -> None:
+        if self.dataset.bad_records == "refuse":
+            raise error
+        bad.append(str(error))
+
+    # -- this process's share ------------------------------------------------------------------ #
+
+    def _steps(self) -> Iterator[StepBatch]:
+        """This process's device batch of each step, assembled, with the cursor after the step.
+
+        A step is done once the next step's first device batch begins: its start is the cursor.
+        """
+        step_bad: List[str] = []
+        own: Optional[List[Group]] = None
+        first = self.start["batch"]
+        for number, (start, groups, bad) in enumerate(self._device_batches()):
+            if number and number % self.count == 0:
+                epoch, shard, offset, skip = start
+                cursor = dict(self.start, epoch=epoch, shard=shard, offset=offset, skip=skip, batch=first + number)
+                yield self._assemble(own or [], cursor, step_bad)
+                step_bad, own = [], None
+            step_bad += bad
+            if number % self.count == self.index:
+                own = groups
+
+    def _assemble(self, groups: List[Group], cursor: Dict[str, Any], bad: List[str]) -> StepBatch:
+        loaded = []
+        for group in groups:
+            try:
+                loaded.append(load_media(group))
+            except BadRecord as error:
+                self._bad(error, bad)
+        return StepBatch(assemble(loaded, self.dataset) if loaded else None, cursor,
+                         [group.location for group in loaded], bad)
+
+    # -- the thread ahead of the steps --------------------------------------------------------- #
+
+    def _produce(self) -> None:
+        try:
+            for step in self._steps():
+                while not self._stopping.is_set():
+                    try:
+                        self._queue.put(step, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stopping.is_set():
+                    return
+        except BaseException as error:  # noqa: BLE001 - it belongs to whoever takes the next batch
+            self._queue.put(error)
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> StepBatch:
+        if self._stopping.is_set():
+            raise StopIteration
+        step = self._queue.get()
+        if isinstance(step, BaseException):
+            self._stopping.set()
+            raise step
+        return step
+
+    def close(self) -> None:
+        """Stops the thread ahead of the steps; harmless when already closed."""
+        self._stopping.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        self.close()
+
+
+def assemble(groups: List[Group], dataset: Dataset) -> Dict[str, Any]:
+    """Groups (media read) as one `TrainerBatch` dict: each group's positives attract each other both
+    ways, its negatives and positives repel each other both ways, every edge weighed by the group's
+    weight; the group is the items' bag, so a group stays on one device."""
+    modalities, contents, bags = [], [], []
+    attract: List[List[int]] = []
+    repel: List[List[int]] = []
+    attract_weights: List[float] = []
+    repel_weights: List[float] = []
+    choices, targets = [], []
+    for bag, group in enumerate(groups):
+        base, positives, count = len(contents), group.positives, len(group.items)
+        for index, (modality, value) in enumerate(group.items):
+            modalities.append(modality)
+            contents.append(value)
+            bags.append(bag)
+            if index < positives:
+                attract.append([base + j for j in range(positives) if j != index])
+                repel.append(list(range(base + positives, base + count)))
+            else:
+                attract.append([])
+                repel.append(list(range(base, base + positives)))
+            attract_weights += [group.weight] * len(attract[-1])
+            repel_weights += [group.weight] * len(repel[-1])
+            offers = index == 0 and group.choices is not None
+            choices.append(group.choices if offers else b"")
+            targets.append(np.asarray(group.choice_targets if offers else [], np.float32))
+    weighed = dataset.weight is not None
+    batch = dict(modalities=modalities, contents=Tape.from_list(contents), bags=bags,
+                 relations=dict(attract=_edges(attract, attract_weights if weighed else None)))
+    if dataset.negatives:
+        batch["relations"]["repel"] = _edges(repel, repel_weights if weighed else None)
+    if dataset.choices is not None:
+        batch["choices"], batch["choice_targets"] = Tape.from_list(choices), Tape.from_list(targets)
+    return batch
+
+
+def _edges(runs: List[List[int]], weights: Optional[List[float]]) -> Edges:
+    offsets = np.zeros(len(runs) + 1, np.uint32)
+    np.cumsum([len(run) for run in runs], out=offsets[1:])
+    ids = np.fromiter(itertools.chain.from_iterable(runs), np.uint32)
+    return Edges(offsets, ids, None if weights is None else np.asarray(weights, np.float32))
