@@ -118,11 +118,13 @@ static void uform_av_close(uform_av_t* av) {
     uform_av_hush(0);
 }
 
+/* FFmpeg answers ENOMEM also where a file declares a size past what it will allocate (2 GiB): a fault of the
+ * bytes more often than of the machine, so that too is refused as bad input. */
 static uform_status_t uform_av_refuse(uform_av_t* av, char const* what, int code) {
     char reason[AV_ERROR_MAX_STRING_SIZE] = "";
     av_strerror(code, reason, sizeof(reason));
-    return uform_fail(av->error, code == AVERROR(ENOMEM) ? uform_status_out_of_memory_k : uform_status_invalid_argument_k,
-                      "%s: %s: %s", av->field, what, reason);
+    return uform_fail(av->error, uform_status_invalid_argument_k, "%s: %s: %s%s", av->field, what, reason,
+                      code == AVERROR(ENOMEM) ? " (for the sizes the file declares)" : "");
 }
 
 /* The codecs each container may carry; anything else is refused by name. */
