@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets `fuzz/build/batch` and `fuzz/build/checkpoint` from the library's own
-# C sources (libuform/src/*.c, libuform/src/ram/*.c) with -fsanitize=fuzzer,address,undefined.
+# Builds the libFuzzer targets `fuzz/build/batch`, `fuzz/build/checkpoint` and `fuzz/build/media` from
+# the library's own C sources (libuform/src/*.c, ram/*.c, media/*.c) with -fsanitize=fuzzer,address,undefined.
 #
 #   fuzz/build.sh            # needs clang (14 or later) with its runtimes, libomp, and a Python
 #                            # that imports scipy_openblas32 (PYTHON=... picks which, CC=... the clang)
@@ -28,7 +28,21 @@ flags=(-g -O1 -fno-omit-frame-pointer -fopenmp -fsanitize=address,undefined -fno
        -Wall -Wno-unused-function -Wno-pass-failed
        -Ilibuform/include -Ilibuform/src -I"$OPENBLAS_INCLUDE")
 libs=(-L"$OPENBLAS_LIB" -lscipy_openblas -Wl,-rpath,"$OPENBLAS_LIB" -lm -lpthread)
-sources=(libuform/src/*.c libuform/src/ram/*.c)
+sources=(libuform/src/*.c libuform/src/ram/*.c libuform/src/media/*.c)
+# The media decoders pkg-config finds, as setup.py links them; the libraries themselves are not instrumented.
+media=()
+for family in "JPEG libjpeg" "PNG libpng" "WEBP libwebp" "FFMPEG libavformat libavcodec libavutil libswresample libswscale"; do
+    read -r -a words <<<"$family"
+    if pkg-config --exists "${words[@]:1}" 2>/dev/null; then
+        media+=("-DUFORM_MEDIA_${words[0]}=1")
+        read -r -a found <<<"$(pkg-config --cflags "${words[@]:1}")"
+        flags+=("${found[@]}")
+        read -r -a found <<<"$(pkg-config --libs "${words[@]:1}")"
+        libs+=("${found[@]}")
+    fi
+done
+flags+=("${media[@]}")
+echo "fuzz/build.sh: media decoders: ${media[*]:-none}"
 
 # The library's objects once, then each target links them with its own entry point. The shared
 # core (validation, packing, checkpoints, verbs) gets coverage, AddressSanitizer and UBSan. The CPU
@@ -47,9 +61,9 @@ for source in "${sources[@]}"; do
 done
 for job in "${jobs[@]}"; do wait "$job"; done
 jobs=()
-for target in batch checkpoint; do
+for target in batch checkpoint media; do
     "$CC" "${flags[@]}" -fsanitize=fuzzer "fuzz/$target.c" "${objects[@]}" "${libs[@]}" -o "fuzz/build/$target" &
     jobs+=($!)
 done
 for job in "${jobs[@]}"; do wait "$job"; done
-echo "built fuzz/build/batch and fuzz/build/checkpoint with $CC"
+echo "built fuzz/build/batch, fuzz/build/checkpoint and fuzz/build/media with $CC"

@@ -5,6 +5,7 @@ with zeroed tensors).
 
     python fuzz/make_seeds.py                 # needs the package built: `python setup.py build_ext --inplace`
     python fuzz/make_seeds.py --tiny FOLDER   # only the whole tiny checkpoint, into FOLDER
+    python fuzz/make_seeds.py --media         # only the media files (needs cjpeg and ffmpeg)
 
 The small corpora are committed; this script says how they were made and remakes them. The whole
 tiny checkpoint (3 MB of weights) is not: `.ci/fuzz` writes it into its copy of the corpus from the
@@ -99,9 +100,73 @@ def tiny_checkpoint(path):
         trainer.save(path)
 
 
+# ---------------------------------------------------------------------------------------------- #
+#  Media: a six-byte header fuzz/media.c reads (kind, patch side, channels, max tokens, tubelet     #
+#  and stride, rate and chunk), then a small file of each format, made by Debian's encoders         #
+# ---------------------------------------------------------------------------------------------- #
+
+def media(folder):
+    import shutil
+    import subprocess
+    import zlib
+
+    def run(*arguments, data=None):
+        return subprocess.run(arguments, input=data, capture_output=True, check=True).stdout
+
+    def made(*arguments, suffix):
+        with tempfile.TemporaryDirectory() as scratch:
+            target = os.path.join(scratch, "seed." + suffix)
+            run(*[word.replace("TARGET", target) for word in arguments])
+            with open(target, "rb") as file:
+                return file.read()
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    pixels = bytes((x * 8 + y * 3 + c * 40) % 256 for y in range(24) for x in range(32) for c in range(3))
+    raw = b"".join(b"\x00" + pixels[y * 96:(y + 1) * 96] for y in range(24))
+    seeds = {"png": bytes([0, 7, 0, 16, 0, 0]) + b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(
+        ">IIBBBBB", 32, 24, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")}
+    ppm = b"P6\n32 24\n255\n" + pixels
+    lavfi = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i"]
+    makers = {
+        "jpeg": (bytes([0, 7, 1, 16, 0, 0]), lambda: run("cjpeg", "-quality", "50", data=ppm), "cjpeg"),
+        "jpeg_progressive": (bytes([0, 15, 2, 8, 0, 0]), lambda: run("cjpeg", "-progressive", data=ppm), "cjpeg"),
+        "webp": (bytes([0, 7, 0, 16, 0, 0]), lambda: made(*lavfi, "testsrc2=size=32x24", "-frames:v", "1",
+                                                           "-c:v", "libwebp", "TARGET", suffix="webp"), "ffmpeg"),
+        "wav": (bytes([1, 0, 0, 16, 0, 0]), lambda: made(*lavfi, "sine=duration=0.05:sample_rate=8000", "-ac", "2",
+                                                          "TARGET", suffix="wav"), "ffmpeg"),
+        "flac": (bytes([1, 0, 0, 16, 0, 64]), lambda: made(*lavfi, "sine=duration=0.1:sample_rate=8000", "TARGET",
+                                                            suffix="flac"), "ffmpeg"),
+        "mp3": (bytes([1, 0, 0, 16, 0, 2]), lambda: made(*lavfi, "sine=duration=0.1", "-b:a", "32k", "TARGET",
+                                                          suffix="mp3"), "ffmpeg"),
+        "ogg": (bytes([1, 0, 0, 16, 0, 1]), lambda: made(*lavfi, "sine=duration=0.1", "-c:a", "libopus", "TARGET",
+                                                          suffix="ogg"), "ffmpeg"),
+        "mp4": (bytes([2, 7, 0, 16, 1, 0]), lambda: made(*lavfi, "testsrc2=size=32x24:rate=5", "-frames:v", "3",
+                                                          "-c:v", "libx264", "-pix_fmt", "yuv420p", "TARGET",
+                                                          suffix="mp4"), "ffmpeg"),
+        "webm": (bytes([2, 7, 0, 16, 1, 0]), lambda: made(*lavfi, "testsrc2=size=32x24:rate=5", "-frames:v", "3",
+                                                           "-c:v", "libvpx-vp9", "TARGET", suffix="webm"), "ffmpeg"),
+        "mkv": (bytes([2, 7, 0, 16, 65, 0]), lambda: made(*lavfi, "testsrc2=size=32x24:rate=5", "-frames:v", "3",
+                                                           "-c:v", "libaom-av1", "-cpu-used", "8", "TARGET",
+                                                           suffix="mkv"), "ffmpeg"),
+    }
+    for name, (header, make, program) in makers.items():
+        if shutil.which(program):
+            seeds[name] = header + make()
+        else:
+            print(f"make_seeds.py: no {program}: no media seed {name}")
+    os.makedirs(folder, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(folder, name), "wb") as file:
+            file.write(data)
+
+
 def main():
     if sys.argv[1:2] == ["--tiny"]:
         return tiny_checkpoint(os.path.join(sys.argv[2], "tiny"))
+    if sys.argv[1:2] == ["--media"]:
+        return media(os.path.join(HERE, "corpus", "media"))
     batches = os.path.join(HERE, "corpus", "batch")
     checkpoints = os.path.join(HERE, "corpus", "checkpoint")
     os.makedirs(batches, exist_ok=True)

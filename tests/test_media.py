@@ -344,6 +344,20 @@ def test_progressive_jpeg():
     check_image(data, djpeg(data), side=16, channels=3, tolerance=1e-4)
 
 
+@needs_format("jpeg")
+@needs("cjpeg", "djpeg")
+def test_jpeg_of_many_scans(tmp_path):
+    """Each progressive scan is a pass over the picture, so more than 100 are refused; 99, the most cjpeg
+    writes, are read as djpeg reads them."""
+    script = ["0,1,2: 0 0 0 0;"]
+    for component, last in ((0, 48), (1, 24), (2, 23)):
+        script += [f"{component}: {k} {k} 0 0;" for k in range(1, last + 1)] + [f"{component}: {last + 1} 63 0 0;"]
+    assert len(script) == 99
+    (tmp_path / "scans").write_text("\n".join(script))
+    data = run(["cjpeg", "-scans", str(tmp_path / "scans")], ppm_bytes(picture(32, 32)))
+    check_image(data, djpeg(data), side=8, channels=3, tolerance=1e-4)
+
+
 @needs_format("webp")
 @needs("cwebp", "dwebp")
 @pytest.mark.parametrize("lossless", [True, False])
@@ -629,6 +643,9 @@ def test_bad_wavs_refused():
         audio(wav_raw(3, 1, 8000, 32, nan))
     with pytest.raises(uform.InvalidArgument, match="unreadable WAV audio"):
         audio(data[:30])
+    listed = data[:36] + b"LIST" + struct.pack("<I", 1 << 30) + b"INFO" + data[36:]  # fuzz/RESULTS.md, finding 10
+    with pytest.raises(uform.InvalidArgument, match="chunk 'LIST' declares 1073741824 bytes"):
+        audio(listed)
     with pytest.raises(uform.InvalidArgument, match=r"declared an audio, but the bytes are image \(png\)"):
         audio(png_bytes(picture(4, 4)))
     with pytest.raises(uform.InvalidArgument, match="sample_rate = 0"):

@@ -727,7 +727,7 @@ def image_patches(const uint8_t[::1] data, uint32_t patch_side=16, uint32_t chan
                   field="batch.contents[0]"):
     """(patches of shape (tokens, patch_side, patch_side, channels), grid) for an encoded image."""
     cdef size_t floats = <size_t>patch_side * patch_side * channels
-    cdef float[::1] out = np.full(max(max_tokens * floats, 1), np.nan, dtype=np.float32)
+    cdef float[::1] out = np.empty(max(max_tokens * floats, 1), dtype=np.float32)
     cdef uform_media_grid_t grid
     cdef const char* message = NULL
     cdef bytes name = field.encode()
@@ -744,7 +744,7 @@ def video_tubelets(const uint8_t[::1] data, uint32_t patch_side=16, uint32_t tub
                    uint32_t channels=3, size_t max_tokens=256, field="batch.contents[0]"):
     """(tubelets of shape (tokens, tube_frames, patch_side, patch_side, channels), grid) for an encoded video."""
     cdef size_t floats = <size_t>tube_frames * patch_side * patch_side * channels
-    cdef float[::1] out = np.full(max(max_tokens * floats, 1), np.nan, dtype=np.float32)
+    cdef float[::1] out = np.empty(max(max_tokens * floats, 1), dtype=np.float32)
     cdef uform_media_grid_t grid
     cdef const char* message = NULL
     cdef bytes name = field.encode()
@@ -760,7 +760,7 @@ def video_tubelets(const uint8_t[::1] data, uint32_t patch_side=16, uint32_t tub
 def audio_chunks(const uint8_t[::1] data, uint32_t sample_rate=16000, uint32_t chunk_samples=400,
                  size_t max_tokens=256, field="batch.contents[0]"):
     """(chunks of shape (tokens, chunk_samples), grid) for an encoded audio file."""
-    cdef float[::1] out = np.full(max(max_tokens * chunk_samples, 1), np.nan, dtype=np.float32)
+    cdef float[::1] out = np.empty(max(max_tokens * chunk_samples, 1), dtype=np.float32)
     cdef uform_media_grid_t grid
     cdef const char* message = NULL
     cdef bytes name = field.encode()

@@ -118,11 +118,13 @@ static void uform_av_close(uform_av_t* av) {
     uform_av_hush(0);
 }
 
+/* FFmpeg answers ENOMEM also where a file declares a size past what it will allocate (2 GiB): a fault of the
+ * bytes more often than of the machine, so that too is refused as bad input. */
 static uform_status_t uform_av_refuse(uform_av_t* av, char const* what, int code) {
     char reason[AV_ERROR_MAX_STRING_SIZE] = "";
     av_strerror(code, reason, sizeof(reason));
-    return uform_fail(av->error, code == AVERROR(ENOMEM) ? uform_status_out_of_memory_k : uform_status_invalid_argument_k,
-                      "%s: %s: %s", av->field, what, reason);
+    return uform_fail(av->error, uform_status_invalid_argument_k, "%s: %s: %s%s", av->field, what, reason,
+                      code == AVERROR(ENOMEM) ? " (for the sizes the file declares)" : "");
 }
 
 /* The codecs each container may carry; anything else is refused by name. */
@@ -142,6 +144,29 @@ static int uform_av_codec_allowed(uform_media_format_t format, enum AVCodecID co
     }
 }
 
+/*
+ *  libavformat's WAV demuxer allocates what a chunk declares before it reads it (a `LIST` of 1 GiB
+ *  in a 2 KB file: fuzz/RESULTS.md, finding 10). Every chunk but the samples must lie inside the
+ *  file; `data` may run past its end, which is a truncation the decode refuses as such.
+ */
+static uform_status_t uform_wav_check(uform_av_t* av) {
+    uint8_t const* bytes = av->source.bytes;
+    size_t length = av->source.length;
+    for (size_t at = 12; at + 8 <= length;) {
+        size_t size = (size_t)bytes[at + 4] | (size_t)bytes[at + 5] << 8 | (size_t)bytes[at + 6] << 16 |
+                      (size_t)bytes[at + 7] << 24;
+        int samples = !memcmp(bytes + at, "data", 4);
+        if (size > length - at - 8) {
+            if (samples) return uform_status_success_k;
+            return uform_fail(av->error, uform_status_invalid_argument_k,
+                              "%s: unreadable WAV audio: its chunk '%.4s' declares %zu bytes where %zu remain",
+                              av->field, (char const*)(bytes + at), size, length - at - 8);
+        }
+        at += 8 + size + (size & 1); /* chunks are padded to even sizes */
+    }
+    return uform_status_success_k;
+}
+
 static uform_status_t uform_av_open(uform_av_t* av, uform_media_format_t format, enum AVMediaType type) {
     static char const* const demuxers[uform_media_formats_count_k] = {
         [uform_media_wav_k] = "wav", [uform_media_flac_k] = "flac", [uform_media_mp3_k] = "mp3",
@@ -149,6 +174,10 @@ static uform_status_t uform_av_open(uform_av_t* av, uform_media_format_t format,
         [uform_media_mkv_k] = "matroska"};
     char const* kind = type == AVMEDIA_TYPE_AUDIO ? "audio" : "video";
     uform_av_hush(1);
+    if (format == uform_media_wav_k) {
+        uform_status_t status = uform_wav_check(av);
+        if (status != uform_status_success_k) return status;
+    }
     AVInputFormat const* demuxer = av_find_input_format(demuxers[format]);
     if (!demuxer)
         return uform_fail(av->error, uform_status_unsupported_k, "%s: this build's libavformat has no %s demuxer",
@@ -204,6 +233,15 @@ static uform_status_t uform_av_open(uform_av_t* av, uform_media_format_t format,
     return code < 0 ? uform_av_refuse(av, "the decoder refused the stream", code) : uform_status_success_k;
 }
 
+/* FFmpeg 5.1 (Debian 12) names a frame's duration `pkt_duration`; later versions `duration`. */
+static int64_t uform_av_frame_duration(AVFrame const* frame) {
+#if LIBAVUTIL_VERSION_INT >= AV_VERSION_INT(57, 30, 100)
+    return frame->duration;
+#else
+    return frame->pkt_duration;
+#endif
+}
+
 /** What a frame's consumer answers: go on, stop (it has all it takes), or a failure it already reported. */
 typedef enum uform_av_taken_t { uform_av_more_k, uform_av_enough_k, uform_av_failed_k } uform_av_taken_t;
 typedef uform_av_taken_t (*uform_av_take_t)(void* state, AVFrame const* frame, uform_status_t* status);
@@ -256,7 +294,7 @@ static uform_status_t uform_av_decode(uform_av_t* av, uform_av_take_t take, void
             if (frame->best_effort_timestamp != AV_NOPTS_VALUE) {
                 int64_t length = frame->sample_rate > 0
                                      ? av_rescale_q(frame->nb_samples, (AVRational){1, frame->sample_rate}, unit)
-                                     : frame->pkt_duration;
+                                     : uform_av_frame_duration(frame);
                 if (end == AV_NOPTS_VALUE || frame->best_effort_timestamp + length > end)
                     end = frame->best_effort_timestamp + length;
             }

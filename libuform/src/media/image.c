@@ -103,9 +103,11 @@ static void uform_jpeg_progress(j_common_ptr jpeg) {
     }
 }
 
-static void uform_jpeg_run(uform_decode_t* decode, struct jpeg_decompress_struct* jpeg) {
+static void uform_jpeg_run(uform_decode_t* decode, struct jpeg_decompress_struct* jpeg,
+                           struct jpeg_progress_mgr* progress) {
     if (setjmp(decode->jump)) return;
     jpeg_create_decompress(jpeg);
+    jpeg->progress = progress; /* after creation, which clears every field but the error manager */
     jpeg_mem_src(jpeg, decode->bytes, (unsigned long)decode->length);
     jpeg_read_header(jpeg, TRUE);
     decode->status = uform_media_check_size(jpeg->image_height, jpeg->image_width, "JPEG image", decode->field,
@@ -145,9 +147,9 @@ static uform_status_t uform_jpeg_decode(uform_decode_t* decode) {
     errors.manager.emit_message = uform_jpeg_emit;
     errors.manager.output_message = uform_jpeg_silent;
     errors.decode = decode;
+    memset(&progress, 0, sizeof(progress));
     progress.progress_monitor = uform_jpeg_progress;
-    jpeg.progress = &progress;
-    uform_jpeg_run(decode, &jpeg);
+    uform_jpeg_run(decode, &jpeg, &progress);
     jpeg_destroy_decompress(&jpeg);
     if (decode->message[0])
         return uform_fail(decode->error, uform_status_invalid_argument_k, "%s: not a readable JPEG image: %s",

@@ -99,7 +99,8 @@ void uform_resize_run(uform_resize_t const* resize, uint8_t const* pixels, size_
             for (size_t c = 0; c != channels; ++c) {
                 float sum = 0;
                 for (size_t k = 0; k != horizontal->counts[x]; ++k) sum += taps[k] * from[k * channels + c];
-                to[c] = sum * (2.0f / 255.0f) - 1.0f;
+                float value = sum * (2.0f / 255.0f) - 1.0f; /* the weights are positive: only rounding leaves [-1, 1] */
+                to[c] = value < -1.0f ? -1.0f : value > 1.0f ? 1.0f : value;
             }
         }
     }
