@@ -233,8 +233,10 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
     unbroken, broken = run("unbroken", steps=steps, every=1000), run("broken", steps=steps, every=1000)
     assert cli.main(["train", unbroken]) == 0
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
-    child = subprocess.Popen([sys.executable, "-m", "uform.cli", "train", broken], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    # From tmp_path: `-m` puts the working folder first on the path, where a checkout's uncompiled `uform/`
+    # would shadow the package the tests import.
+    child = subprocess.Popen([sys.executable, "-m", "uform.cli", "train", os.path.abspath(broken)], env=env,
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "runs" / "broken" / "log.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and child.poll() is None:
