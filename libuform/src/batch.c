@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core.h"
-#include "media/media.h"
 
 #define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
 
@@ -28,8 +27,7 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
                       (segments + 1) * words, choices * sizeof(float), segments * words,
                       late * tokens * words, late * segments * sizeof(uform_span_t), late * segments * words,
                       late * segments * words, late * (segments + 1) * words, edges * words, edges * sizeof(float),
-                      tokens * patch * sizeof(float), batch->max_columns_per_row * patch * sizeof(float),
-                      tokens * words, segments * segments, choices, edges, segments};
+                      tokens * patch * sizeof(float), tokens * words, segments * segments, choices, edges, segments};
     void** arrays[] = {(void**)&packed->offsets, (void**)&packed->choice_snapshot, (void**)&packed->target_snapshot,
                        (void**)&packed->ids, (void**)&packed->positions, (void**)&packed->masked,
                        (void**)&packed->targets, (void**)&packed->order, (void**)&packed->order_offsets,
@@ -38,7 +36,7 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
                        (void**)&packed->content_lengths, (void**)&packed->late_rows, (void**)&packed->late_spans,
                        (void**)&packed->late_item_span, (void**)&packed->late_queries, (void**)&packed->late_offsets,
                        (void**)&packed->late_documents, (void**)&packed->late_weights, (void**)&packed->patch_values,
-                       (void**)&packed->decoded, (void**)&packed->patch_rows, (void**)&packed->cells,
+                       (void**)&packed->patch_rows, (void**)&packed->cells,
                        (void**)&packed->choice_bytes, (void**)&packed->late_cells, (void**)&packed->sides};
     size_t total = 0, count = sizeof(sizes) / sizeof(sizes[0]);
     for (size_t i = 0; i != count; ++i) total += (sizes[i] + 63) / 64 * 64;
@@ -48,11 +46,25 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     packed->backend = backend, packed->context = context, packed->patch = patch, packed->tokens_capacity = tokens;
     char* cursor = packed->memory;
     for (size_t i = 0; i != count; ++i) *arrays[i] = cursor, cursor += (sizes[i] + 63) / 64 * 64;
+    /* Decoded images stay on the host, in plain memory: the device reads them once placed. */
+    size_t decoded = tokens * patch * sizeof(float), starts = segments * sizeof(uint64_t);
+    size_t grids = segments * sizeof(uform_media_grid_t), statuses = segments * sizeof(uform_status_t);
+    packed->media_memory = malloc(decoded + starts + grids + statuses);
+    if (!packed->media_memory) {
+        uform_packed_free(packed);
+        return uform_fail(error, uform_status_out_of_memory_k, "no host memory to decode images of %zu tokens: %zu bytes",
+                          tokens, decoded + starts + grids + statuses);
+    }
+    packed->decoded = packed->media_memory;
+    packed->decoded_starts = (uint64_t*)((char*)packed->media_memory + decoded);
+    packed->grids = (uform_media_grid_t*)((char*)packed->decoded_starts + starts);
+    packed->decodings = (uform_status_t*)((char*)packed->grids + grids);
     return uform_status_success_k;
 }
 
 void uform_packed_free(uform_packed_t* packed) {
     if (packed->memory) packed->backend->host_release(packed->context, packed->memory);
+    free(packed->media_memory);
     memset(packed, 0, sizeof(*packed));
 }
 
@@ -390,7 +402,7 @@ static void uform_place_patches(uform_packed_t* packed, uform_config_t const* co
     size_t patch = packed->patch, capacity = packed->tokens_capacity, start = packed->tokens_count;
     float ratio = config->given.masking.image_mask_ratio;
     for (uint32_t p = 0; p != grid->rows * grid->columns; ++p) {
-        float const* values = packed->decoded + (size_t)p * patch;
+        float const* values = packed->decoded + (packed->decoded_starts[item] + p) * patch;
         int hidden = hiding && uform_uniform(uform_key(config->given.seed, uform_stream_patch_k, hiding->step_number,
                                                        hiding->first_item + item, p)) < ratio;
         size_t slot = hidden ? capacity - 1 - packed->patches_hidden++ : packed->patches_shown++;
@@ -409,6 +421,64 @@ static void uform_place_patches(uform_packed_t* packed, uform_config_t const* co
     }
 }
 
+/*
+ *  Decodes every image of the batch into patches, on every core, each into a scratch of its own and then into
+ *  the next free run of `packed->decoded`: the runs' order depends on the threads, but each image's run is
+ *  found by its own start, so what is packed does not. A failure is reported for the first failing item in the
+ *  batch's order, decoded again on the calling thread, where its message is kept.
+ */
+static uform_status_t uform_decode_images(uform_packed_t* packed, uform_config_t const* config, size_t count,
+                                          uform_modality_t const* modalities, uform_tape_t const* contents,
+                                          size_t first, char const** error) {
+    uform_image_shape_t const* image = &config->given.batch.image;
+    size_t room = config->given.batch.max_columns_per_row, patch = packed->patch, used = 0;
+    size_t capacity = packed->tokens_capacity;
+    uint8_t const* bytes = (uint8_t const*)contents->data;
+    uint64_t const* offsets = packed->offsets;
+    int images = 0;
+    for (size_t i = 0; i != count; ++i) images |= modalities[i] == uform_modality_image_k;
+    if (!images) return uform_status_success_k;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < count; ++i) {
+        packed->decodings[i] = uform_status_success_k;
+        if (modalities[i] != uform_modality_image_k) continue;
+        float* scratch = malloc(room * patch * sizeof(float));
+        uform_media_grid_t grid = {0};
+        uform_status_t status = scratch ? uform_image_patches(bytes + offsets[i], offsets[i + 1] - offsets[i],
+                                                              image->patch_side, image->channels, room, scratch,
+                                                              &grid, "image", NULL)
+                                        : uform_status_out_of_memory_k;
+        size_t patches = (size_t)grid.rows * grid.columns, start = 0;
+        if (status == uform_status_success_k) {
+#pragma omp atomic capture
+            { start = used; used += patches; }
+            if (start + patches <= capacity) memcpy(packed->decoded + start * patch, scratch, patches * patch * sizeof(float));
+            else status = uform_status_invalid_argument_k; /* more patches than the batch has room for */
+        }
+        packed->grids[i] = grid, packed->decoded_starts[i] = start, packed->decodings[i] = status;
+        free(scratch);
+    }
+    for (size_t i = 0; i != count; ++i) {
+        if (packed->decodings[i] == uform_status_success_k) continue;
+        if (packed->decodings[i] == uform_status_out_of_memory_k)
+            return uform_fail(error, uform_status_out_of_memory_k, "batch.contents[%zu]: no memory to decode it", first + i);
+        char field[64];
+        snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
+        uform_media_grid_t grid;
+        float* scratch = malloc(room * patch * sizeof(float));
+        uform_status_t status = scratch ? uform_image_patches(bytes + offsets[i], offsets[i + 1] - offsets[i],
+                                                              image->patch_side, image->channels, room, scratch,
+                                                              &grid, field, error)
+                                        : uform_status_out_of_memory_k;
+        free(scratch);
+        if (status != uform_status_success_k) return status;
+        return UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than %zu tokens, "
+                             "config.batch.max_rows_per_device = %u rows of %u columns", first + i, capacity,
+                             config->given.batch.max_rows_per_device, config->given.batch.max_columns_per_row);
+    }
+    return uform_status_success_k;
+}
+
 /* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot;
    decodes images into patches. Each temperature group is read once, into the packed copy, and checked there. */
 static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
@@ -423,7 +493,8 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
     packed->contrastive_rows = packed->patches_shown = packed->patches_hidden = 0;
     packed->segments_count = count;
     uint32_t span = config->given.late_interaction.max_query_span;
-    uform_image_shape_t const* image = &shape->image;
+    uform_status_t decoding = uform_decode_images(packed, config, count, modalities, contents, first, error);
+    if (decoding != uform_status_success_k) return decoding;
     for (size_t i = 0; i != count; ++i) {
         /* An item offering choices ends with its choice position, so its content fits in one column less;
            a query's content is cut to max_query_span and padded up to it. */
@@ -434,11 +505,7 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         uint64_t begin = offsets[i], content = offsets[i + 1] - begin;
         uform_media_grid_t grid = {0};
         if (modalities[i] == uform_modality_image_k) {
-            char field[64];
-            snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
-            uform_status_t status = uform_image_patches(bytes + begin, content, image->patch_side, image->channels,
-                                                        room, packed->decoded, &grid, field, error);
-            if (status != uform_status_success_k) return status;
+            grid = packed->grids[i];
             content = (uint64_t)grid.rows * grid.columns;
             packed->truncated += grid.truncated != 0;
         } else if (content > room)

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 #include "backend.h"
+#include "media/media.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Handles                                                                                        */
@@ -149,7 +150,12 @@ typedef struct uform_packed_t {
     size_t tokens_capacity;      /* rows x columns: where the back of the patch arrays ends */
     float* patch_values;         /* (capacity tokens x patch) */
     uint32_t* patch_rows;        /* (capacity tokens) the token of each patch */
-    float* decoded;              /* (columns x patch) one image's patches as decoded, before they are placed */
+    /* Images decoded on every core before packing, each item's patches one run of `decoded` taken in turn. */
+    float* decoded;              /* (capacity tokens x patch) */
+    uint64_t* decoded_starts;    /* (capacity segments) each image's first patch in `decoded` */
+    uform_media_grid_t* grids;   /* (capacity segments) each image's grid */
+    uform_status_t* decodings;   /* (capacity segments) each image's status, before any message is written */
+    void* media_memory;          /* the one plain host allocation behind the four above */
     void* memory;        /* the one host allocation behind the arrays above */
     uform_backend_t const* backend;
     void* context;
