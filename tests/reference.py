@@ -311,8 +311,9 @@ def tensor_names(depth, late=False):
     names = ["text.embedding"]
     for l in range(depth):
         names += [f"blocks.{l}.{part}" for part in ("attention_norm", "qkv", "out", "mlp_norm", "up", "down")]
-    names += ["final_norm", "text.decoder", "image.projection", "image.decoder", "contrastive.log_inverse_temperature",
-              "contrastive.bias"]
+    names += ["final_norm", "text.decoder"]
+    names += [f"{kind}.{part}" for kind in ("image", "video", "audio") for part in ("projection", "decoder")]
+    names += ["contrastive.log_inverse_temperature", "contrastive.bias"]
     return names + (LATE_NAMES if late else [])
 
 

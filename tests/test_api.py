@@ -499,7 +499,7 @@ def test_many_process_meshes_need_nccl(cpu, tmp_path):
 # ---------------------------------------------------------------------------------------------- #
 
 STATS_FIELDS = {
-    "step", "learning_rate", "loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss", "image_loss",
+    "step", "learning_rate", "loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss", "image_loss", "video_loss", "audio_loss",
     "grad_norm", "items", "tokens", "truncated_items", "masked_positions", "contrastive_rows", "choice_items", "query_rows", "masked_patches", "host_seconds", "skipped",
     "inverse_temperatures", "biases",
 }

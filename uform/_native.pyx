@@ -368,6 +368,8 @@ cdef dict _stats(const uform_trainer_stats_t* stats):
         "contrastive_loss": stats.contrastive_loss,
         "late_interaction_loss": stats.late_interaction_loss,
         "image_loss": stats.image_loss,
+        "video_loss": stats.video_loss,
+        "audio_loss": stats.audio_loss,
         "choices_loss": stats.choices_loss,
         "grad_norm": stats.grad_norm,
         "items": stats.items,

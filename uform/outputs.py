@@ -38,11 +38,12 @@ class Stats:
     Losses of terms that did not run read NaN.
 
     Fields: `step` (after this update), `learning_rate` (used by this update), `loss` (the weighted
-    total), `masked_loss`, `contrastive_loss`, `late_interaction_loss`, `choices_loss`, `image_loss`, `grad_norm`
+    total), `masked_loss`, `contrastive_loss`, `late_interaction_loss`, `choices_loss`, `image_loss`, `video_loss`, `audio_loss`, `grad_norm`
     (before clipping), `items`, `tokens`, `truncated_items`, `masked_positions` (the positions the
     masked term scored), `contrastive_rows` (the anchor rows the contrastive term counted),
     `choice_items` (the items whose choices the choices term scored), `query_rows` (the query rows
-    the late-interaction term counted), `masked_patches` (the image patches hidden and reconstructed),
+    the late-interaction term counted), `masked_patches` (the media tokens, image patches, video tubelets and audio chunks, hidden and
+    reconstructed),
     `host_seconds` (from the call until the step's inputs were validated, packed and queued for
     upload: the time a GPU waits for the host),
     `skipped` (no term scored anything, or a loss or the gradient was not finite: the weights, the

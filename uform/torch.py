@@ -43,7 +43,6 @@ VOCABULARY = 260  # bytes, the three ids above and one reserved
 BYTES = 256
 FORMAT = "uform/1"
 ENCODER_TOKENS = 16384  # the longest row `uform.Encoder` packs; a trainer refuses longer rows
-MODALITIES = ("video", "audio")  # declared by the library, not built by this module
 
 
 class Tokenized(NamedTuple):
@@ -101,14 +100,14 @@ class _Text(nn.Module):
         self.decoder = nn.Parameter(torch.empty(BYTES, hidden))  # the byte decoder: masked and choice positions
 
 
-class _Image(nn.Module):
-    """The image input projection and patch decoder every checkpoint holds. This module embeds text only, so
-    they travel through `load` and `save` untouched; images are embedded by `uform.Encoder`."""
+class _Media(nn.Module):
+    """A media kind's input projection and decoder, which every checkpoint holds. This module embeds text only,
+    so they travel through `load` and `save` untouched; media items are embedded by `uform.Encoder`."""
 
-    def __init__(self, hidden: int, patch: int) -> None:
+    def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
-        self.projection = nn.Parameter(torch.empty(hidden, patch))
-        self.decoder = nn.Parameter(torch.empty(patch, hidden))
+        self.projection = nn.Parameter(torch.empty(hidden, width))
+        self.decoder = nn.Parameter(torch.empty(width, hidden))
 
 
 class _Scores(nn.Module):
@@ -162,8 +161,12 @@ class Encoder(nn.Module):
         self.config, self.step = config, step
         self.config_json = config_json if config_json is not None else json.dumps(config)
         self.text = _Text(self.hidden)
-        image = config.get("batch", {}).get("image", {})
-        self.image = _Image(self.hidden, image.get("patch_side", 16) ** 2 * image.get("channels", 3))
+        shapes = config.get("batch", {})
+        image, video = shapes.get("image", {}), shapes.get("video", {})
+        self.image = _Media(self.hidden, image.get("patch_side", 16) ** 2 * image.get("channels", 3))
+        self.video = _Media(self.hidden, video.get("tube_frames", 2) * video.get("patch_side", 16) ** 2 *
+                            video.get("channels", 3))
+        self.audio = _Media(self.hidden, shapes.get("audio", {}).get("chunk_samples", 400))
         self.blocks = nn.ModuleList(Block(self.hidden) for _ in range(self.depth))
         self.final_norm = nn.Parameter(torch.ones(self.hidden))
         self.contrastive = _Scores(self.temperature_groups)
@@ -360,9 +363,6 @@ def _read_metadata(where: str, metadata: dict):
         raise InvalidCheckpoint(f"{where} has a malformed __metadata__.config: {error}") from None
     if not isinstance(config, dict):
         raise InvalidCheckpoint(f"{where} lacks a JSON object in __metadata__.config")
-    for modality in MODALITIES:
-        if config.get(modality) or (config.get("batch") or {}).get(modality):
-            raise Unsupported(f"{where} records a config with {modality} items; uform.torch builds text encoders only")
     hidden = _positive(config, ("hidden",), where)
     _positive(config, ("depth",), where)
     _positive(config, ("contrastive", "temperature_groups"), where)
@@ -395,8 +395,6 @@ def _check_names(where: str, names: Sequence[str], expected: dict, weights_only:
                 continue
         if weights_only and family == "adamw":
             raise InvalidCheckpoint(f"{where} says __metadata__.weights_only is \"true\" yet holds the moment {name}")
-        if family in MODALITIES:
-            raise Unsupported(f"{where} holds {family} weights ({name}); uform.torch builds text encoders only")
         raise InvalidCheckpoint(f"{where} holds the tensor {name}, which uform.torch does not implement")
     if not weights_only:
         for name in expected:

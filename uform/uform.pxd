@@ -180,6 +180,8 @@ cdef extern from "uform.h" nogil:
         float contrastive_loss
         float late_interaction_loss
         float image_loss
+        float video_loss
+        float audio_loss
         float choices_loss
         float grad_norm
         uint64_t items

@@ -330,6 +330,8 @@ typedef struct uform_trainer_stats_t {
     float late_interaction_loss;
     float choices_loss;
     float image_loss;     /**< Masked image reconstruction: mean squared error over hidden patches. */
+    float video_loss;     /**< The same over hidden video tubelets. */
+    float audio_loss;     /**< The same over hidden audio chunks. */
     float grad_norm;      /**< Global gradient norm before clipping. */
     uint64_t items;       /**< Items this process contributed. */
     uint64_t tokens;      /**< Token positions after truncation. */
@@ -338,7 +340,7 @@ typedef struct uform_trainer_stats_t {
     uint64_t contrastive_rows; /**< Anchor rows the contrastive term counted; 0 when it counted none. */
     uint64_t choice_items;     /**< Items whose choices the choices term scored. */
     uint64_t query_rows;       /**< Query rows the late-interaction term counted. */
-    uint64_t masked_patches;   /**< Image patches hidden and reconstructed; 0 when the term did not run. */
+    uint64_t masked_patches;   /**< Media tokens (patches, tubelets, chunks) hidden and reconstructed. */
     /** Seconds from the call until the step's inputs were validated, packed and queued for upload:
      *  the time a GPU waits for the host, beside the step's wall time. */
     double host_seconds;

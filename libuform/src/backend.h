@@ -54,7 +54,7 @@ typedef struct uform_plan_t {
     size_t hidden, heads;
     int contrastive;              /* whether the contrastive term runs, and needs its scratch */
     size_t pairs, query_span;     /* late interaction: (query, document) pairs per step, a query's rows at most */
-    size_t patch;                 /* floats in an image patch */
+    size_t widest;                /* floats in the widest media token */
     uform_layout_t const* layout; /* the parameters AdamW walks; NULL for an encoder's replica, which never updates */
 } uform_plan_t;
 
@@ -73,8 +73,8 @@ enum {
     uform_scalar_norm_squared_k = 2,     /* the global gradient's squared norm */
     uform_scalar_choices_loss_k = 3,     /* mean cross-entropy over the items that offer choices, unweighted */
     uform_scalar_late_interaction_loss_k = 4, /* the late-interaction term; NaN when no query row counted */
-    uform_scalar_image_loss_k = 5,       /* mean squared error over hidden image patches, unweighted */
-    uform_scalars_k = 6,
+    uform_scalar_media_loss_k = 5,       /* + kind: mean squared error over hidden media tokens of the kind, unweighted */
+    uform_scalars_k = 5 + uform_media_kinds_k,
 };
 
 /** The contrastive term's settings, as the backend's loss operation reads them. */
@@ -86,8 +86,8 @@ typedef struct uform_contrastive_setup_t {
 
 /** Which losses ran this step and how the total weighs them. */
 typedef struct uform_terms_t {
-    int masked_ran, contrastive_ran, choices_ran, late_ran, image_ran;
-    float text_weight, choices_weight, late_weight, image_weight; /* the contrastive term's weight is one */
+    int masked_ran, contrastive_ran, choices_ran, late_ran, media_ran[uform_media_kinds_k];
+    float text_weight, choices_weight, late_weight, media_weight[uform_media_kinds_k]; /* the contrastive one's is one */
 } uform_terms_t;
 
 /** One AdamW update of every tensor of a layout, or none when the step is poisoned. */
@@ -113,7 +113,9 @@ typedef struct uform_update_t {
 
 /** Whether any loss ran: a step where none did changes nothing. */
 UFORM_HOST_DEVICE static inline int uform_terms_ran(uform_terms_t terms) {
-    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran || terms.late_ran || terms.image_ran;
+    int media = 0;
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) media |= terms.media_ran[kind];
+    return terms.masked_ran || terms.contrastive_ran || terms.choices_ran || terms.late_ran || media;
 }
 
 /** The step's total loss, as the core reports it: the weighted sum of the losses that ran. */
@@ -123,7 +125,8 @@ UFORM_HOST_DEVICE static inline double uform_total_loss(double const* scalars, u
     if (terms.contrastive_ran) total += scalars[uform_scalar_contrastive_loss_k];
     if (terms.choices_ran) total += (double)terms.choices_weight * scalars[uform_scalar_choices_loss_k];
     if (terms.late_ran) total += (double)terms.late_weight * scalars[uform_scalar_late_interaction_loss_k];
-    if (terms.image_ran) total += (double)terms.image_weight * scalars[uform_scalar_image_loss_k];
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind)
+        if (terms.media_ran[kind]) total += (double)terms.media_weight[kind] * scalars[uform_scalar_media_loss_k + kind];
     return total;
 }
 
@@ -138,12 +141,19 @@ UFORM_HOST_DEVICE static inline int uform_update_poisoned(double const* scalars,
  *  The coordinate rotary pair `pair` of a head turns with, and in `*frequency` the pair whose text
  *  frequency it turns at. A text token's pair i turns with its position at 10000^(-2i/64). An image
  *  patch's even pairs turn with its row and its odd pairs with its column, pairs 2k and 2k + 1 both
- *  at text's frequency of pair 2k: each axis gets every other frequency, the same span of scales.
+ *  at text's frequency of pair 2k. A video tubelet's pairs 3k, 3k + 1 and 3k + 2 turn with its
+ *  time, row and column at text's frequency of pair 3k. Each axis gets an even share of the
+ *  frequencies, spread over the same span of scales.
  */
 UFORM_HOST_DEVICE static inline uint32_t uform_rope_coordinate(uint32_t position, int pair, int* frequency) {
     if (!(position & UFORM_POSITION_GRID)) return *frequency = pair, position;
-    *frequency = pair & ~1;
-    return pair & 1 ? position & 0x7FFF : (position >> 15) & 0xFFFF;
+    if (!(position & UFORM_POSITION_VOLUME)) {
+        *frequency = pair & ~1;
+        return pair & 1 ? position & 0x7FFF : (position >> 15) & 0x7FFF;
+    }
+    int axis = pair % 3;
+    *frequency = pair - axis;
+    return axis == 0 ? (position >> 18) & 0xFFF : (position >> (18 - 9 * axis)) & 0x1FF;
 }
 
 /** Whether a contrastive row with these attract and repel weight sums takes part in the mean. */

@@ -18,7 +18,9 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     size_t segments = batch->max_segments_per_device, words = sizeof(uint32_t);
     size_t choices = segments * batch->max_choices_per_item, snapshot = (segments + 1) * sizeof(uint64_t);
     size_t late = config->given.late_interaction.weight > 0, edges = late * config->given.contrastive.max_edges_per_device;
-    size_t patch = (size_t)batch->image.patch_side * batch->image.patch_side * batch->image.channels;
+    size_t widths[uform_media_kinds_k], widest = 0;
+    uform_media_widths(&config->given, widths);
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) widest = widths[kind] > widest ? widths[kind] : widest;
     memset(packed, 0, sizeof(*packed));
     /* One block, each array starting on a 64-byte line: the 64-bit offsets first, bytes last. */
     size_t sizes[] = {snapshot, snapshot, snapshot, tokens * words, tokens * words, tokens * words, tokens * words,
@@ -27,7 +29,7 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
                       (segments + 1) * words, choices * sizeof(float), segments * words,
                       late * tokens * words, late * segments * sizeof(uform_span_t), late * segments * words,
                       late * segments * words, late * (segments + 1) * words, edges * words, edges * sizeof(float),
-                      tokens * patch * sizeof(float), tokens * words, segments * segments, choices, edges, segments};
+                      tokens * widest * sizeof(float), tokens * words, segments * segments, choices, edges, segments};
     void** arrays[] = {(void**)&packed->offsets, (void**)&packed->choice_snapshot, (void**)&packed->target_snapshot,
                        (void**)&packed->ids, (void**)&packed->positions, (void**)&packed->masked,
                        (void**)&packed->targets, (void**)&packed->order, (void**)&packed->order_offsets,
@@ -35,24 +37,25 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
                        (void**)&packed->row_fill, (void**)&packed->choice_offsets, (void**)&packed->choice_targets,
                        (void**)&packed->content_lengths, (void**)&packed->late_rows, (void**)&packed->late_spans,
                        (void**)&packed->late_item_span, (void**)&packed->late_queries, (void**)&packed->late_offsets,
-                       (void**)&packed->late_documents, (void**)&packed->late_weights, (void**)&packed->patch_values,
-                       (void**)&packed->patch_rows, (void**)&packed->cells,
+                       (void**)&packed->late_documents, (void**)&packed->late_weights, (void**)&packed->media_values,
+                       (void**)&packed->media_rows, (void**)&packed->cells,
                        (void**)&packed->choice_bytes, (void**)&packed->late_cells, (void**)&packed->sides};
     size_t total = 0, count = sizeof(sizes) / sizeof(sizes[0]);
     for (size_t i = 0; i != count; ++i) total += (sizes[i] + 63) / 64 * 64;
     uform_status_t status = backend->host_allocate(context, total, &packed->memory);
     if (status != uform_status_success_k)
         return uform_fail(error, status, "no host memory to pack batches of %zu tokens: %zu bytes", tokens, total);
-    packed->backend = backend, packed->context = context, packed->patch = patch, packed->tokens_capacity = tokens;
+    packed->backend = backend, packed->context = context, packed->tokens_capacity = tokens, packed->widest = widest;
+    memcpy(packed->widths, widths, sizeof(widths));
     char* cursor = packed->memory;
     for (size_t i = 0; i != count; ++i) *arrays[i] = cursor, cursor += (sizes[i] + 63) / 64 * 64;
-    /* Decoded images stay on the host, in plain memory: the device reads them once placed. */
-    size_t decoded = tokens * patch * sizeof(float), starts = segments * sizeof(uint64_t);
+    /* Decoded media stay on the host, in plain memory: the device reads them once placed. */
+    size_t decoded = tokens * widest * sizeof(float), starts = segments * sizeof(uint64_t);
     size_t grids = segments * sizeof(uform_media_grid_t), statuses = segments * sizeof(uform_status_t);
     packed->media_memory = malloc(decoded + starts + grids + statuses);
     if (!packed->media_memory) {
         uform_packed_free(packed);
-        return uform_fail(error, uform_status_out_of_memory_k, "no host memory to decode images of %zu tokens: %zu bytes",
+        return uform_fail(error, uform_status_out_of_memory_k, "no host memory to decode media of %zu tokens: %zu bytes",
                           tokens, decoded + starts + grids + statuses);
     }
     packed->decoded = packed->media_memory;
@@ -147,11 +150,7 @@ static uform_status_t uform_items_count(uform_config_t const* config, size_t cou
     if (!modalities) return UFORM_INVALID("batch.modalities: NULL");
     for (size_t i = 0; i != count; ++i) {
         uform_modality_t modality = modalities[i];
-        if (modality == uform_modality_text_k || modality == uform_modality_image_k) continue;
-        if (modality == uform_modality_video_k || modality == uform_modality_audio_k)
-            return uform_fail(error, uform_status_unsupported_k,
-                              "batch.modalities[%zu]: the model reads no %s items yet", first + i,
-                              modality == uform_modality_video_k ? "video" : "audio");
+        if (modality >= uform_modality_text_k && modality <= uform_modality_audio_k) continue;
         return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", first + i, (int)modality);
     }
     return uform_status_success_k;
@@ -389,71 +388,127 @@ static void uform_order_fill(uform_packed_t* packed) {
     starts[0] = 0;
 }
 
-/* Which image patches a training step hides: keyed draws per (step, item, patch); NULL shows them all. */
+/* Which media tokens a training step hides: keyed draws per (step, item, token); NULL shows them all. */
 typedef struct uform_hiding_t {
     uint64_t step_number;
     size_t first_item; /* the key of the step's first item */
 } uform_hiding_t;
 
-/* Places an image's decoded patches: a shown one from the front of the patch arrays under the patch id, a hidden
-   one from the back, its values normalized per patch as the reconstruction's target, under the mask id. */
-static void uform_place_patches(uform_packed_t* packed, uform_config_t const* config, uform_hiding_t const* hiding,
-                                size_t item, uform_media_grid_t const* grid) {
-    size_t patch = packed->patch, capacity = packed->tokens_capacity, start = packed->tokens_count;
-    float ratio = config->given.masking.image_mask_ratio;
-    for (uint32_t p = 0; p != grid->rows * grid->columns; ++p) {
-        float const* values = packed->decoded + (packed->decoded_starts[item] + p) * patch;
-        int hidden = hiding && uform_uniform(uform_key(config->given.seed, uform_stream_patch_k, hiding->step_number,
-                                                       hiding->first_item + item, p)) < ratio;
-        size_t slot = hidden ? capacity - 1 - packed->patches_hidden++ : packed->patches_shown++;
-        float* to = packed->patch_values + slot * patch;
+/* The media kind of a modality, or -1 for text. */
+static int uform_media_kind(uform_modality_t modality) {
+    return modality == uform_modality_image_k   ? uform_media_image_k
+           : modality == uform_modality_video_k ? uform_media_video_k
+           : modality == uform_modality_audio_k ? uform_media_audio_k
+                                                : -1;
+}
+
+static int uform_media_hides(uform_config_t const* config, uform_hiding_t const* hiding, int kind, size_t item,
+                             uint32_t token) {
+    uform_masking_t const* m = &config->given.masking;
+    float ratio = kind == uform_media_image_k ? m->image_mask_ratio
+                  : kind == uform_media_video_k ? m->video_mask_ratio
+                                                : m->audio_mask_ratio;
+    return hiding && uform_uniform(uform_key(config->given.seed, uform_stream_patch_k, hiding->step_number,
+                                             hiding->first_item + item, token)) < ratio;
+}
+
+uform_media_runs_t uform_media_runs(uform_packed_t const* packed, int kind) {
+    uform_media_runs_t runs = {0, 0, packed->tokens_capacity, packed->tokens_capacity * packed->widest};
+    for (int k = 0; k != uform_media_kinds_k; ++k)
+        runs.hidden_rows -= packed->media_hidden[k], runs.hidden_values -= packed->media_hidden[k] * packed->widths[k];
+    for (int k = 0; k != kind; ++k) {
+        runs.shown_rows += packed->media_shown[k], runs.shown_values += packed->media_shown[k] * packed->widths[k];
+        runs.hidden_rows += packed->media_hidden[k], runs.hidden_values += packed->media_hidden[k] * packed->widths[k];
+    }
+    return runs;
+}
+
+/* A media token's position word: an image patch's (row, column), a tubelet's (time, row, column), a chunk's index. */
+static uint32_t uform_media_position(int kind, uform_media_grid_t const* grid, uint32_t token) {
+    uint32_t plane = grid->rows * grid->columns, within = token % plane;
+    if (kind == uform_media_image_k) return uform_position_grid(within / grid->columns, within % grid->columns);
+    if (kind == uform_media_video_k) return uform_position_volume(token / plane, within / grid->columns, within % grid->columns);
+    return token;
+}
+
+/* Places an item's decoded tokens: a shown one at its kind's front cursor under the media id, a hidden one at its
+   kind's back cursor, its values normalized over the token as the reconstruction's target, under the mask id. */
+static void uform_place_media(uform_packed_t* packed, uform_config_t const* config, uform_hiding_t const* hiding,
+                              size_t item, int kind, uform_media_runs_t* cursor) {
+    uform_media_grid_t const* grid = &packed->grids[item];
+    size_t width = packed->widths[kind], start = packed->tokens_count;
+    uint32_t tokens = grid->frames * grid->rows * grid->columns;
+    for (uint32_t p = 0; p != tokens; ++p) {
+        float const* values = packed->decoded + (packed->decoded_starts[item] + p) * packed->widest;
+        int hidden = uform_media_hides(config, hiding, kind, item, p);
+        size_t row = hidden ? cursor->hidden_rows++ : cursor->shown_rows++;
+        float* to = packed->media_values + (hidden ? cursor->hidden_values : cursor->shown_values);
+        *(hidden ? &cursor->hidden_values : &cursor->shown_values) += width;
         if (hidden) {
             double sum = 0, squares = 0;
-            for (size_t j = 0; j != patch; ++j) sum += values[j], squares += (double)values[j] * values[j];
-            double mean = sum / (double)patch, variance = squares / (double)patch - mean * mean;
+            for (size_t j = 0; j != width; ++j) sum += values[j], squares += (double)values[j] * values[j];
+            double mean = sum / (double)width, variance = squares / (double)width - mean * mean;
             double scale = 1.0 / sqrt((variance > 0 ? variance : 0) + 1e-6);
-            for (size_t j = 0; j != patch; ++j) to[j] = (float)(((double)values[j] - mean) * scale);
+            for (size_t j = 0; j != width; ++j) to[j] = (float)(((double)values[j] - mean) * scale);
         } else
-            memcpy(to, values, patch * sizeof(float));
-        packed->patch_rows[slot] = (uint32_t)(start + p);
-        packed->ids[start + p] = hidden ? uform_mask_id_k : uform_patch_id_k;
-        packed->positions[start + p] = uform_position_grid(p / grid->columns, p % grid->columns);
+            memcpy(to, values, width * sizeof(float));
+        packed->media_rows[row] = (uint32_t)(start + p);
+        packed->ids[start + p] = hidden ? uform_mask_id_k : uform_media_id_k;
+        packed->positions[start + p] = uform_media_position(kind, grid, p);
     }
 }
 
+/* Decodes one media item into its tokens with the decoder of its kind, as the config shapes them. */
+static uform_status_t uform_media_decode(uform_config_t const* config, int kind, uint8_t const* bytes, size_t length,
+                                         size_t room, float* out, uform_media_grid_t* grid, char const* field,
+                                         char const** error) {
+    uform_batch_shape_t const* b = &config->given.batch;
+    if (kind == uform_media_image_k)
+        return uform_image_patches(bytes, length, b->image.patch_side, b->image.channels, room, out, grid, field, error);
+    if (kind == uform_media_video_k)
+        return uform_video_tubelets(bytes, length, b->video.patch_side, b->video.tube_frames, b->video.frame_stride,
+                                    b->video.channels, room, out, grid, field, error);
+    return uform_audio_chunks(bytes, length, b->audio.sample_rate, b->audio.chunk_samples, room, out, grid, field, error);
+}
+
 /*
- *  Decodes every image of the batch into patches, on every core, each into a scratch of its own and then into
- *  the next free run of `packed->decoded`: the runs' order depends on the threads, but each image's run is
- *  found by its own start, so what is packed does not. A failure is reported for the first failing item in the
- *  batch's order, decoded again on the calling thread, where its message is kept.
+ *  Decodes every media item of the batch, on every core, each into a scratch of its own and then into the next
+ *  free run of `packed->decoded`: the runs' order depends on the threads, but each item's run is found by its
+ *  own start, so what is packed does not. Then counts each kind's shown and hidden tokens, so that each kind's
+ *  runs can be placed contiguously. A failure is reported for the first failing item in the batch's order,
+ *  decoded again on the calling thread, where its message is kept.
  */
-static uform_status_t uform_decode_images(uform_packed_t* packed, uform_config_t const* config, size_t count,
-                                          uform_modality_t const* modalities, uform_tape_t const* contents,
-                                          size_t first, char const** error) {
-    uform_image_shape_t const* image = &config->given.batch.image;
-    size_t room = config->given.batch.max_columns_per_row, patch = packed->patch, used = 0;
+static uform_status_t uform_decode_media(uform_packed_t* packed, uform_config_t const* config, size_t count,
+                                         uform_modality_t const* modalities, uform_tape_t const* contents,
+                                         uform_hiding_t const* hiding, size_t first, char const** error) {
+    size_t room = config->given.batch.max_columns_per_row, widest = packed->widest, used = 0;
     size_t capacity = packed->tokens_capacity;
     uint8_t const* bytes = (uint8_t const*)contents->data;
     uint64_t const* offsets = packed->offsets;
-    int images = 0;
-    for (size_t i = 0; i != count; ++i) images |= modalities[i] == uform_modality_image_k;
-    if (!images) return uform_status_success_k;
+    int media = 0;
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) packed->media_shown[kind] = packed->media_hidden[kind] = 0;
+    for (size_t i = 0; i != count; ++i) media |= uform_media_kind(modalities[i]) >= 0;
+    if (!media) return uform_status_success_k;
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < count; ++i) {
+        int kind = uform_media_kind(modalities[i]);
         packed->decodings[i] = uform_status_success_k;
-        if (modalities[i] != uform_modality_image_k) continue;
-        float* scratch = malloc(room * patch * sizeof(float));
+        if (kind < 0) continue;
+        float* scratch = malloc(room * widest * sizeof(float));
         uform_media_grid_t grid = {0};
-        uform_status_t status = scratch ? uform_image_patches(bytes + offsets[i], offsets[i + 1] - offsets[i],
-                                                              image->patch_side, image->channels, room, scratch,
-                                                              &grid, "image", NULL)
+        uform_status_t status = scratch ? uform_media_decode(config, kind, bytes + offsets[i], offsets[i + 1] - offsets[i],
+                                                             room, scratch, &grid, "media", NULL)
                                         : uform_status_out_of_memory_k;
-        size_t patches = (size_t)grid.rows * grid.columns, start = 0;
+        size_t tokens = (size_t)grid.frames * grid.rows * grid.columns, start = 0;
         if (status == uform_status_success_k) {
 #pragma omp atomic capture
-            { start = used; used += patches; }
-            if (start + patches <= capacity) memcpy(packed->decoded + start * patch, scratch, patches * patch * sizeof(float));
-            else status = uform_status_invalid_argument_k; /* more patches than the batch has room for */
+            { start = used; used += tokens; }
+            /* Each token's values keep the widest stride, so every kind's tokens share one arena. */
+            if (start + tokens > capacity) status = uform_status_invalid_argument_k; /* more than the batch holds */
+            else
+                for (size_t t = 0; t != tokens; ++t)
+                    memcpy(packed->decoded + (start + t) * widest, scratch + t * packed->widths[kind],
+                           packed->widths[kind] * sizeof(float));
         }
         packed->grids[i] = grid, packed->decoded_starts[i] = start, packed->decodings[i] = status;
         free(scratch);
@@ -465,16 +520,23 @@ static uform_status_t uform_decode_images(uform_packed_t* packed, uform_config_t
         char field[64];
         snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
         uform_media_grid_t grid;
-        float* scratch = malloc(room * patch * sizeof(float));
-        uform_status_t status = scratch ? uform_image_patches(bytes + offsets[i], offsets[i + 1] - offsets[i],
-                                                              image->patch_side, image->channels, room, scratch,
-                                                              &grid, field, error)
+        float* scratch = malloc(room * widest * sizeof(float));
+        uform_status_t status = scratch ? uform_media_decode(config, uform_media_kind(modalities[i]), bytes + offsets[i],
+                                                             offsets[i + 1] - offsets[i], room, scratch, &grid, field,
+                                                             error)
                                         : uform_status_out_of_memory_k;
         free(scratch);
         if (status != uform_status_success_k) return status;
         return UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than %zu tokens, "
                              "config.batch.max_rows_per_device = %u rows of %u columns", first + i, capacity,
                              config->given.batch.max_rows_per_device, config->given.batch.max_columns_per_row);
+    }
+    for (size_t i = 0; i != count; ++i) {
+        int kind = uform_media_kind(modalities[i]);
+        if (kind < 0) continue;
+        uform_media_grid_t const* grid = &packed->grids[i];
+        for (uint32_t p = 0; p != grid->frames * grid->rows * grid->columns; ++p)
+            ++*(uform_media_hides(config, hiding, kind, i, p) ? &packed->media_hidden[kind] : &packed->media_shown[kind]);
     }
     return uform_status_success_k;
 }
@@ -490,11 +552,13 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
     uint8_t const* bytes = (uint8_t const*)contents->data;
     uint64_t const* offsets = packed->offsets;
     packed->tokens_count = packed->masked_count = packed->rows_count = packed->truncated = packed->longest = 0;
-    packed->contrastive_rows = packed->patches_shown = packed->patches_hidden = 0;
+    packed->contrastive_rows = 0;
     packed->segments_count = count;
     uint32_t span = config->given.late_interaction.max_query_span;
-    uform_status_t decoding = uform_decode_images(packed, config, count, modalities, contents, first, error);
+    uform_status_t decoding = uform_decode_media(packed, config, count, modalities, contents, hiding, first, error);
     if (decoding != uform_status_success_k) return decoding;
+    uform_media_runs_t cursors[uform_media_kinds_k];
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) cursors[kind] = uform_media_runs(packed, kind);
     for (size_t i = 0; i != count; ++i) {
         /* An item offering choices ends with its choice position, so its content fits in one column less;
            a query's content is cut to max_query_span and padded up to it. */
@@ -503,15 +567,15 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
                     packed->sides[i] == uform_late_interaction_query_and_document_k;
         if (query) room = span;
         uint64_t begin = offsets[i], content = offsets[i + 1] - begin;
-        uform_media_grid_t grid = {0};
-        if (modalities[i] == uform_modality_image_k) {
-            grid = packed->grids[i];
-            content = (uint64_t)grid.rows * grid.columns;
-            packed->truncated += grid.truncated != 0;
+        int kind = uform_media_kind(modalities[i]);
+        if (kind >= 0) {
+            uform_media_grid_t const* grid = &packed->grids[i];
+            content = (uint64_t)grid->frames * grid->rows * grid->columns;
+            packed->truncated += grid->truncated != 0;
         } else if (content > room)
             content = room, ++packed->truncated;
         uint64_t padded = query ? span : content, length = padded + choosing;
-        packed->content_lengths[i] = grid.rows ? 0 : (uint32_t)content; /* what text masking reads */
+        packed->content_lengths[i] = kind >= 0 ? 0 : (uint32_t)content; /* what text masking reads */
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
@@ -528,7 +592,7 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         segment->column = packed->row_fill[row];
         packed->row_fill[row] += (uint32_t)length;
         if (length > packed->longest) packed->longest = length;
-        if (grid.rows) uform_place_patches(packed, config, hiding, i, &grid);
+        if (kind >= 0) uform_place_media(packed, config, hiding, i, kind, &cursors[kind]);
         else
             for (uint32_t p = 0; p != length; ++p) {
                 packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p]

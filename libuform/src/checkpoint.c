@@ -773,6 +773,7 @@ typedef struct uform_geometry_t {
     uint64_t max_rows_per_device, max_segments_per_device, max_columns_per_row;
     uint64_t late_width, late_span; /* a span of 0: the run trained no token head */
     uint64_t patch_side, channels;  /* image patches; zero derives the defaults */
+    uint64_t video_side, tube_frames, frame_stride, video_channels, chunk_samples, sample_rate;
 } uform_geometry_t;
 
 /* One field of the config the reader wants: an integer, or an object of more such fields. */
@@ -820,16 +821,24 @@ static uform_status_t uform_geometry_read(uform_header_t const* header, uform_ge
     memset(geometry, 0, sizeof(*geometry));
     uform_config_field_t const image[] = {{"patch_side", &geometry->patch_side, NULL, 0},
                                           {"channels", &geometry->channels, NULL, 0}};
+    uform_config_field_t const video[] = {{"patch_side", &geometry->video_side, NULL, 0},
+                                          {"tube_frames", &geometry->tube_frames, NULL, 0},
+                                          {"frame_stride", &geometry->frame_stride, NULL, 0},
+                                          {"channels", &geometry->video_channels, NULL, 0}};
+    uform_config_field_t const audio[] = {{"chunk_samples", &geometry->chunk_samples, NULL, 0},
+                                          {"sample_rate", &geometry->sample_rate, NULL, 0}};
     uform_config_field_t const batch[] = {{"max_rows_per_device", &geometry->max_rows_per_device, NULL, 0},
                                           {"max_segments_per_device", &geometry->max_segments_per_device, NULL, 0},
                                           {"max_columns_per_row", &geometry->max_columns_per_row, NULL, 0},
-                                          {"image", NULL, image, 2}};
+                                          {"image", NULL, image, 2},
+                                          {"video", NULL, video, 4},
+                                          {"audio", NULL, audio, 2}};
     uform_config_field_t const contrastive[] = {{"temperature_groups", &geometry->temperature_groups, NULL, 0}};
     uform_config_field_t const late[] = {{"width", &geometry->late_width, NULL, 0},
                                          {"max_query_span", &geometry->late_span, NULL, 0}};
     uform_config_field_t const top[] = {{"depth", &geometry->depth, NULL, 0},
                                         {"hidden", &geometry->hidden, NULL, 0},
-                                        {"batch", NULL, batch, 4},
+                                        {"batch", NULL, batch, 6},
                                         {"contrastive", NULL, contrastive, 1},
                                         {"late_interaction", NULL, late, 2}};
     uform_json_t json = {header->config, header->config, header->config + strlen(header->config), ""};
@@ -932,6 +941,11 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     wanted.batch.max_segments_per_device = (uint32_t)geometry.max_segments_per_device;
     wanted.batch.max_choices_per_item = 256; /* inference may offer any set of bytes */
     wanted.batch.image.patch_side = (uint32_t)geometry.patch_side, wanted.batch.image.channels = (uint32_t)geometry.channels;
+    wanted.batch.video.patch_side = (uint32_t)geometry.video_side, wanted.batch.video.channels = (uint32_t)geometry.video_channels;
+    wanted.batch.video.tube_frames = (uint32_t)geometry.tube_frames;
+    wanted.batch.video.frame_stride = (uint32_t)geometry.frame_stride;
+    wanted.batch.audio.chunk_samples = (uint32_t)geometry.chunk_samples;
+    wanted.batch.audio.sample_rate = (uint32_t)geometry.sample_rate;
     wanted.objective = uform_objective_contrastive_k, wanted.schedule.steps = 1;
     if (geometry.late_span) /* the token head's tensors are in the file: the layout has them too */
         wanted.late_interaction.weight = 1, wanted.late_interaction.width = (uint32_t)geometry.late_width,

@@ -68,6 +68,24 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (batch->image.channels != 1 && batch->image.channels != 3 && batch->image.channels != 4)
         return UFORM_INVALID("config.batch.image.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)",
                              batch->image.channels);
+    uform_video_shape_t* video = &batch->video;
+    if (!video->patch_side) video->patch_side = 16;
+    if (!video->tube_frames) video->tube_frames = 2;
+    if (!video->frame_stride) video->frame_stride = 1;
+    if (!video->channels) video->channels = 3;
+    if (video->patch_side > 64) return UFORM_INVALID("config.batch.video.patch_side: %u is over 64 pixels", video->patch_side);
+    if (video->tube_frames > 16) return UFORM_INVALID("config.batch.video.tube_frames: %u is over 16", video->tube_frames);
+    if (video->frame_stride > 64)
+        return UFORM_INVALID("config.batch.video.frame_stride: %u is over 64", video->frame_stride);
+    if (video->channels != 1 && video->channels != 3 && video->channels != 4)
+        return UFORM_INVALID("config.batch.video.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", video->channels);
+    uform_audio_shape_t* audio = &batch->audio;
+    if (!audio->chunk_samples) audio->chunk_samples = 400;
+    if (!audio->sample_rate) audio->sample_rate = 16000;
+    if (audio->chunk_samples > 65536)
+        return UFORM_INVALID("config.batch.audio.chunk_samples: %u is over 65536", audio->chunk_samples);
+    if (audio->sample_rate < 1000 || audio->sample_rate > 192000)
+        return UFORM_INVALID("config.batch.audio.sample_rate: %u is not in [1000, 192000]", audio->sample_rate);
 
     uform_masking_t* masking = &c->masking;
     UFORM_TRY(uform_derive_fraction(&masking->token_mask_probability, 0.15f, "config.masking.token_mask_probability",
@@ -208,9 +226,12 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         "{\"depth\": %u, \"hidden\": %u, \"objective\": %d, \"seed\": %llu, "
         "\"batch\": {\"max_rows_per_device\": %u, \"max_segments_per_device\": %u, \"max_columns_per_row\": %u, "
         "\"max_bags_per_device\": %u, \"max_choices_per_item\": %u, "
-        "\"image\": {\"patch_side\": %u, \"channels\": %u}}, "
+        "\"image\": {\"patch_side\": %u, \"channels\": %u}, "
+        "\"video\": {\"patch_side\": %u, \"tube_frames\": %u, \"frame_stride\": %u, \"channels\": %u}, "
+        "\"audio\": {\"chunk_samples\": %u, \"sample_rate\": %u}}, "
         "\"masking\": {\"token_mask_probability\": %.9g, \"token_mean_span\": %.9g, \"replace_fraction\": %.9g, "
-        "\"random_fraction\": %.9g, \"text_weight\": %.9g, \"image_mask_ratio\": %.9g, \"image_weight\": %.9g}, "
+        "\"random_fraction\": %.9g, \"text_weight\": %.9g, \"image_mask_ratio\": %.9g, \"image_weight\": %.9g, "
+        "\"video_mask_ratio\": %.9g, \"video_weight\": %.9g, \"audio_mask_ratio\": %.9g, \"audio_weight\": %.9g}, "
         "\"contrastive\": {\"matryoshka_dimensions\": [%s], \"temperature_groups\": %u, "
         "\"inverse_temperature\": %.9g, \"bias\": %.9g, \"negatives\": %d, \"ambient_repulsion_weight\": %.9g, "
         "\"max_edges_per_device\": %u, \"pair_loss\": %d}, "
@@ -222,10 +243,13 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         "\"clip_norm\": %.9g}}",
         c->depth, c->hidden, (int)c->objective, (unsigned long long)c->seed, c->batch.max_rows_per_device,
         c->batch.max_segments_per_device, c->batch.max_columns_per_row, c->batch.max_bags_per_device,
-        c->batch.max_choices_per_item, c->batch.image.patch_side, c->batch.image.channels,
+        c->batch.max_choices_per_item, c->batch.image.patch_side, c->batch.image.channels, c->batch.video.patch_side,
+        c->batch.video.tube_frames, c->batch.video.frame_stride, c->batch.video.channels, c->batch.audio.chunk_samples,
+        c->batch.audio.sample_rate,
         (double)c->masking.token_mask_probability, (double)c->masking.token_mean_span,
         (double)c->masking.replace_fraction, (double)c->masking.random_fraction, (double)c->masking.text_weight,
-        (double)c->masking.image_mask_ratio, (double)c->masking.image_weight,
+        (double)c->masking.image_mask_ratio, (double)c->masking.image_weight, (double)c->masking.video_mask_ratio,
+        (double)c->masking.video_weight, (double)c->masking.audio_mask_ratio, (double)c->masking.audio_weight,
         dimensions, c->contrastive.temperature_groups, (double)c->contrastive.inverse_temperature,
         (double)c->contrastive.bias, (int)c->contrastive.negatives, (double)c->contrastive.ambient_repulsion_weight,
         c->contrastive.max_edges_per_device, (int)c->contrastive.pair_loss, (double)c->late_interaction.weight,

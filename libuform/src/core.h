@@ -144,22 +144,31 @@ typedef struct uform_packed_t {
     float* late_weights;         /* (capacity edges) */
     uint8_t* late_cells;         /* (capacity edges) attract or repel */
     uint8_t* sides;              /* (capacity segments) each item's side, read once; none without late interaction */
-    /* Image patches, as the device reads them: the shown ones from the front of `patch_values` and `patch_rows`,
-       the hidden ones (their per-patch normalized targets) from the back, so each kind is one contiguous run. */
-    size_t patches_shown, patches_hidden, patch; /* `patch`: floats in one */
-    size_t tokens_capacity;      /* rows x columns: where the back of the patch arrays ends */
-    float* patch_values;         /* (capacity tokens x patch) */
-    uint32_t* patch_rows;        /* (capacity tokens) the token of each patch */
-    /* Images decoded on every core before packing, each item's patches one run of `decoded` taken in turn. */
-    float* decoded;              /* (capacity tokens x patch) */
-    uint64_t* decoded_starts;    /* (capacity segments) each image's first patch in `decoded` */
-    uform_media_grid_t* grids;   /* (capacity segments) each image's grid */
-    uform_status_t* decodings;   /* (capacity segments) each image's status, before any message is written */
+    /* Media tokens (patches, tubelets, chunks), as the device reads them: the shown ones of each kind, in kind
+       order, from the front of `media_values` and `media_rows`, the hidden ones (their values normalized per
+       token: the targets) from the back, so each kind's shown and hidden tokens are contiguous runs. */
+    size_t media_shown[uform_media_kinds_k], media_hidden[uform_media_kinds_k]; /* tokens of each kind */
+    size_t widths[uform_media_kinds_k], widest; /* floats in a token of each kind, and the most */
+    size_t tokens_capacity;      /* rows x columns: where the back of `media_rows` ends */
+    float* media_values;         /* (capacity tokens x widest) */
+    uint32_t* media_rows;        /* (capacity tokens) the token of each */
+    /* Media decoded on every core before packing, each item's tokens one run of `decoded` taken in turn. */
+    float* decoded;              /* (capacity tokens x widest) */
+    uint64_t* decoded_starts;    /* (capacity segments) each item's first token in `decoded` */
+    uform_media_grid_t* grids;   /* (capacity segments) each item's grid */
+    uform_status_t* decodings;   /* (capacity segments) each item's status, before any message is written */
     void* media_memory;          /* the one plain host allocation behind the four above */
     void* memory;        /* the one host allocation behind the arrays above */
     uform_backend_t const* backend;
     void* context;
 } uform_packed_t;
+
+/** Where kind `kind`'s runs start, in tokens (`rows`) and floats (`values`), of arrays holding `capacity` tokens
+ *  of `widest` floats: shown ones from the front, hidden ones from the back. */
+typedef struct uform_media_runs_t {
+    size_t shown_rows, shown_values, hidden_rows, hidden_values;
+} uform_media_runs_t;
+uform_media_runs_t uform_media_runs(uform_packed_t const* packed, int kind);
 
 uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, uform_backend_t const* backend,
                                  void* context, char const** error);
@@ -254,12 +263,12 @@ typedef struct uform_replica_t {
     uint32_t* choice_offsets; /* (segments + 1) */
     uint8_t* choice_bytes;    /* (segments x max choices) */
     float* choice_targets;    /* (segments x max choices) */
-    /* Image patches: the shown ones from the front, the hidden ones' targets from the back, as packed. */
-    float* patch_values;      /* (tokens, patch) float32 */
-    void* patches;            /* (tokens, patch) the shown ones as activations; `patch_values` on float32 backends */
-    uint32_t* patch_rows;     /* (tokens) the token of each, shown from the front, hidden from the back */
-    void* patch_predictions;  /* (tokens, patch) the patch decoder's outputs at hidden patches */
-    void* d_patch_predictions;
+    /* Media tokens, laid out as packed (`uform_packed_t.media_values`): shown from the front, hidden from the back. */
+    float* media_values;      /* (tokens x widest) float32 */
+    void* media_compute;      /* (tokens x widest) the shown ones as activations; `media_values` on float32 backends */
+    uint32_t* media_rows;     /* (tokens) the token of each */
+    void* media_predictions;  /* (tokens x widest) a decoder's outputs at one kind's hidden tokens */
+    void* d_media_predictions;
     struct uform_buffer_t* buffers; /* every buffer above, as taken, so they are released alike */
     size_t buffers_count;
 } uform_replica_t;

@@ -57,7 +57,7 @@ typedef enum uform_stream_t {
     uform_stream_span_k = 2,     /* (seed, span, step, item, position): starts and lengths of spans */
     uform_stream_corrupt_k = 3,  /* (seed, corrupt, step, item, position): mask / random / keep */
     uform_stream_byte_k = 4,     /* (seed, byte, step, item, position): the random byte */
-    uform_stream_patch_k = 5,    /* (seed, patch, step, item, patch): whether an image patch is hidden */
+    uform_stream_patch_k = 5,    /* (seed, patch, step, item, token): whether a media token is hidden */
 } uform_stream_t;
 
 static inline uint64_t uform_mix(uint64_t x) {
@@ -91,10 +91,16 @@ enum {
     uform_mask_id_k = 256,        /* the id a masked position shows */
     uform_choice_id_k = 257,      /* the id of the position, after an item's content, whose logits choose */
     uform_query_pad_id_k = 258,   /* the id that pads a query's rows up to max_query_span */
-    uform_patch_id_k = 259,       /* an image patch's id: its row of the table adds to the patch's projection */
-    uform_vocabulary_k = 260,     /* 256 bytes, the mask id, the choice and query-padding ids, the patch id */
+    uform_media_id_k = 259,       /* a media token's id: its row of the table adds to the token's projection */
+    uform_vocabulary_k = 260,     /* 256 bytes, the mask id, the choice and query-padding ids, the media id */
     uform_mlp_ratio_k = 4,        /* the MLP's inner width is 4 x hidden */
 };
+
+/**
+ *  The modalities read as tokens of values rather than ids: image patches, video tubelets, audio
+ *  chunks. Each has its own input projection and decoder; they are listed in this order everywhere.
+ */
+enum { uform_media_image_k = 0, uform_media_video_k = 1, uform_media_audio_k = 2, uform_media_kinds_k = 3 };
 
 /** One named tensor inside the flat parameter buffer. */
 typedef struct uform_tensor_t {
@@ -120,10 +126,15 @@ typedef struct uform_layout_t {
     uform_block_tensors_t* blocks; /* `depth` blocks */
     size_t embedding, final_norm, decoder, log_inverse_temperature, bias;
     size_t token_head, late_log_inverse_temperature, late_bias; /* SIZE_MAX: no late interaction */
-    size_t image_projection, image_decoder; /* (hidden, patch) and (patch, hidden) */
-    size_t patch;                 /* floats in an image patch: patch_side^2 x channels */
+    size_t media_projection[uform_media_kinds_k]; /* (hidden, width) per media kind */
+    size_t media_decoder[uform_media_kinds_k];    /* (width, hidden) */
+    size_t media_width[uform_media_kinds_k];      /* floats in one token of each kind */
+    size_t widest;                                /* the largest of them */
     size_t total;                 /* floats in each flat buffer */
 } uform_layout_t;
+
+/** Floats in one token of each media kind, from a validated config's batch shapes. */
+void uform_media_widths(uform_trainer_init_vram_t const* config, size_t widths[uform_media_kinds_k]);
 
 /** The layout of a validated config's model; the token head's tensors only where it trains late interaction. */
 uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram_t const* config, char const** error);
@@ -142,13 +153,20 @@ typedef struct uform_segment_t {
 } uform_segment_t;
 
 /**
- *  A token's position word. A text token's is its position in the item. An image patch's sets the
- *  top bit and holds its patch row in bits 15 to 30 and its column in bits 0 to 14.
+ *  A token's position word. A text token's, or an audio chunk's, is its position in the item. An
+ *  image patch's sets bit 31 and holds its row in bits 15 to 29 and its column in bits 0 to 14. A
+ *  video tubelet's sets bits 31 and 30 and holds its time in bits 18 to 29, its row in bits 9 to
+ *  17 and its column in bits 0 to 8.
  */
 #define UFORM_POSITION_GRID 0x80000000u
+#define UFORM_POSITION_VOLUME 0x40000000u
 
 static inline uint32_t uform_position_grid(uint32_t row, uint32_t column) {
-    return UFORM_POSITION_GRID | row << 15 | column;
+    return UFORM_POSITION_GRID | (row & 0x7FFF) << 15 | (column & 0x7FFF);
+}
+
+static inline uint32_t uform_position_volume(uint32_t time, uint32_t row, uint32_t column) {
+    return UFORM_POSITION_GRID | UFORM_POSITION_VOLUME | (time & 0xFFF) << 18 | (row & 0x1FF) << 9 | (column & 0x1FF);
 }
 
 /** How a contrastive cell counts. */

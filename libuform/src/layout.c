@@ -21,12 +21,19 @@ static size_t uform_layout_push(uform_layout_t* layout, char const* name, size_t
     return layout->count++;
 }
 
+void uform_media_widths(uform_trainer_init_vram_t const* config, size_t widths[uform_media_kinds_k]) {
+    uform_batch_shape_t const* b = &config->batch;
+    widths[uform_media_image_k] = (size_t)b->image.patch_side * b->image.patch_side * b->image.channels;
+    widths[uform_media_video_k] = (size_t)b->video.tube_frames * b->video.patch_side * b->video.patch_side * b->video.channels;
+    widths[uform_media_audio_k] = b->audio.chunk_samples;
+}
+
 uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram_t const* config, char const** error) {
     uint32_t depth = config->depth, hidden = config->hidden, groups = config->contrastive.temperature_groups;
     uform_late_interaction_t const* late = &config->late_interaction;
     *layout = (uform_layout_t){.depth = depth, .hidden = hidden, .heads = hidden / uform_head_width_k,
                                .temperature_groups = groups, .token_head = SIZE_MAX};
-    layout->tensors = calloc(6 * (size_t)depth + 10, sizeof(uform_tensor_t));
+    layout->tensors = calloc(6 * (size_t)depth + 14, sizeof(uform_tensor_t));
     layout->blocks = calloc(depth, sizeof(uform_block_tensors_t));
     if (!layout->tensors || !layout->blocks) {
         uform_layout_free(layout);
@@ -53,10 +60,16 @@ uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram
     }
     layout->final_norm = uform_layout_push(layout, "final_norm", 1, h, 0, 1);
     layout->decoder = uform_layout_push(layout, "text.decoder", uform_bytes_k, h, std, 0);
-    uform_image_shape_t const* image = &config->batch.image;
-    layout->patch = (size_t)image->patch_side * image->patch_side * image->channels;
-    layout->image_projection = uform_layout_push(layout, "image.projection", h, layout->patch, std, 0);
-    layout->image_decoder = uform_layout_push(layout, "image.decoder", layout->patch, h, std, 0);
+    uform_media_widths(config, layout->media_width);
+    char const* kinds[uform_media_kinds_k] = {"image", "video", "audio"};
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
+        size_t width = layout->media_width[kind];
+        if (width > layout->widest) layout->widest = width;
+        snprintf(name, sizeof(name), "%s.projection", kinds[kind]);
+        layout->media_projection[kind] = uform_layout_push(layout, name, h, width, std, 0);
+        snprintf(name, sizeof(name), "%s.decoder", kinds[kind]);
+        layout->media_decoder[kind] = uform_layout_push(layout, name, width, h, std, 0);
+    }
     layout->log_inverse_temperature = uform_layout_push(layout, "contrastive.log_inverse_temperature", 1, groups, 0,
                                                         logf(config->contrastive.inverse_temperature));
     layout->bias = uform_layout_push(layout, "contrastive.bias", 1, groups, 0, config->contrastive.bias);

@@ -65,9 +65,9 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->probabilities, segments * choices * floats);
     UFORM_BUFFER(r->late_vectors, tokens * r->late_width * act);
     UFORM_BUFFER(r->late_unit, tokens * r->late_width * floats);
-    UFORM_BUFFER(r->patch_values, tokens * layout->patch * floats);
-    if (r->backend->activations != uform_element_f32_k) UFORM_BUFFER(r->patches, tokens * layout->patch * act);
-    UFORM_BUFFER(r->patch_rows, tokens * words);
+    UFORM_BUFFER(r->media_values, tokens * layout->widest * floats);
+    if (r->backend->activations != uform_element_f32_k) UFORM_BUFFER(r->media_compute, tokens * layout->widest * act);
+    UFORM_BUFFER(r->media_rows, tokens * words);
     if (!training) return n;
     UFORM_BUFFER(r->gradients, total * floats);
     UFORM_BUFFER(r->first, total * floats);
@@ -100,8 +100,8 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->d_late_unit, tokens * width * floats);
     UFORM_BUFFER(r->d_late_vectors, tokens * width * act);
     UFORM_BUFFER(r->choice_targets, segments * choices * floats);
-    UFORM_BUFFER(r->patch_predictions, tokens * layout->patch * act);
-    UFORM_BUFFER(r->d_patch_predictions, tokens * layout->patch * act);
+    UFORM_BUFFER(r->media_predictions, tokens * layout->widest * act);
+    UFORM_BUFFER(r->d_media_predictions, tokens * layout->widest * act);
 #undef UFORM_BUFFER
     return n;
 }
@@ -122,7 +122,7 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                          .contrastive = training && config->given.objective != uform_objective_masked_k,
                          .pairs = training && late->weight > 0 ? config->given.contrastive.max_edges_per_device : 0,
                          .query_span = training && late->weight > 0 ? late->max_query_span : 0,
-                         .patch = layout->patch,
+                         .widest = layout->widest,
                          .layout = training ? layout : NULL};
     memset(replica, 0, sizeof(*replica));
     replica->backend = backend;
@@ -154,7 +154,7 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                           backend->name, layout->depth, plan.hidden, plan.tokens, total, asked);
     }
     if (!replica->compute) replica->compute = replica->weights; /* float32 backends' products read the masters */
-    if (!replica->patches) replica->patches = replica->patch_values;
+    if (!replica->media_compute) replica->media_compute = replica->media_values;
     /* Inference keeps no block's activations for a backward pass, so every block overwrites the first's in turn:
        a block reads its own input only before it writes the next block's, which is that same buffer. */
     for (uint32_t l = 1; !training && l < layout->depth; ++l) replica->blocks[l] = replica->blocks[0];
@@ -211,11 +211,13 @@ uform_terms_t uform_model_terms(uform_config_t const* config, uform_packed_t con
                            .contrastive_ran = c->objective != uform_objective_masked_k && packed->contrastive_rows,
                            .choices_ran = c->choices.weight > 0 && packed->choices_count,
                            .late_ran = c->late_interaction.weight > 0 && packed->late_rows_counted,
-                           .image_ran = c->objective != uform_objective_contrastive_k && packed->patches_hidden,
+
                            .text_weight = c->masking.text_weight,
                            .choices_weight = c->choices.weight,
                            .late_weight = c->late_interaction.weight,
-                           .image_weight = c->masking.image_weight};
+                           .media_weight = {c->masking.image_weight, c->masking.video_weight, c->masking.audio_weight}};
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind)
+        terms.media_ran[kind] = c->objective != uform_objective_contrastive_k && packed->media_hidden[kind];
     return terms;
 }
 
@@ -233,14 +235,17 @@ uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* pack
         UFORM_TRY(b->upload(x, r->choice_bytes, packed->choice_bytes, offered));
         if (training) UFORM_TRY(b->upload(x, r->choice_targets, packed->choice_targets, offered * sizeof(float)));
     }
-    /* Shown patches from the front, hidden ones (training only) from the back: each run one copy. */
-    size_t patch = packed->patch, shown = packed->patches_shown, hidden = training ? packed->patches_hidden : 0;
-    size_t back = r->capacity_tokens - hidden;
-    UFORM_TRY(b->upload(x, r->patch_values, packed->patch_values, shown * patch * sizeof(float)));
-    UFORM_TRY(b->upload(x, r->patch_rows, packed->patch_rows, shown * words));
-    UFORM_TRY(b->upload(x, r->patch_values + back * patch, packed->patch_values + back * patch,
-                        hidden * patch * sizeof(float)));
-    UFORM_TRY(b->upload(x, r->patch_rows + back, packed->patch_rows + back, hidden * words));
+    /* Shown media tokens from the front, hidden ones (training only) from the back: each run one copy. */
+    uform_media_runs_t last = uform_media_runs(packed, uform_media_kinds_k), first = uform_media_runs(packed, 0);
+    size_t capacity = r->capacity_tokens, values = capacity * packed->widest;
+    UFORM_TRY(b->upload(x, r->media_values, packed->media_values, last.shown_values * sizeof(float)));
+    UFORM_TRY(b->upload(x, r->media_rows, packed->media_rows, last.shown_rows * words));
+    if (training) {
+        UFORM_TRY(b->upload(x, r->media_values + first.hidden_values, packed->media_values + first.hidden_values,
+                            (values - first.hidden_values) * sizeof(float)));
+        UFORM_TRY(b->upload(x, r->media_rows + first.hidden_rows, packed->media_rows + first.hidden_rows,
+                            (capacity - first.hidden_rows) * words));
+    }
     /* The positions the decoder reads: the masked ones (training only), then the choice positions. */
     size_t masked = training ? packed->masked_count : 0;
     UFORM_TRY(b->upload(x, r->masked, packed->masked, (masked + choosing) * words));
@@ -283,13 +288,18 @@ static uform_status_t uform_model_forward(uform_replica_t* r, uform_layout_t con
     uform_items_t items = uform_model_items(r, packed);
     size_t tokens = packed->tokens_count, h = layout->hidden, wide = uform_mlp_ratio_k * h;
     UFORM_TRY(b->embedding_forward(x, r->blocks[0].input, uform_compute(r, layout, layout->embedding), r->ids, tokens, h));
-    size_t shown = packed->patches_shown;
-    if (shown) { /* a shown patch's token adds its projection to the patch id's row */
+    /* A shown media token adds its kind's projection of its values to the media id's row. */
+    size_t shown_values = uform_media_runs(packed, uform_media_kinds_k).shown_values;
+    if (b->convert && shown_values) UFORM_TRY(b->convert(x, r->media_compute, r->media_values, shown_values));
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
+        size_t shown = packed->media_shown[kind], width = layout->media_width[kind];
+        if (!shown) continue;
+        uform_media_runs_t runs = uform_media_runs(packed, kind);
         void* projected = r->blocks[0].normed1; /* free until the first block normalizes its input */
-        if (b->convert) UFORM_TRY(b->convert(x, r->patches, r->patch_values, shown * layout->patch));
-        UFORM_TRY(b->matmul(x, projected, NULL, r->patches, uform_compute(r, layout, layout->image_projection), shown, h,
-                            layout->patch, 0, 1, act));
-        UFORM_TRY(b->scatter_rows(x, r->blocks[0].input, projected, r->patch_rows, shown, h));
+        void const* values = (char const*)r->media_compute + runs.shown_values * uform_element_bytes(act);
+        UFORM_TRY(b->matmul(x, projected, NULL, values, uform_compute(r, layout, layout->media_projection[kind]), shown,
+                            h, width, 0, 1, act));
+        UFORM_TRY(b->scatter_rows(x, r->blocks[0].input, projected, r->media_rows + runs.shown_rows, shown, h));
     }
     for (uint32_t l = 0; l != layout->depth; ++l) {
         uform_block_activations_t* a = &r->blocks[l];
@@ -363,20 +373,22 @@ static uform_status_t uform_model_late_interaction(uform_replica_t* r, uform_lay
     return uform_model_head_backward(r, layout, layout->token_head, r->d_late_vectors, r->late_rows, rows, width);
 }
 
-/* The patch decoder at the hidden patches, regressing their normalized pixels, and the way back into d_final. */
-static uform_status_t uform_model_patches(uform_replica_t* r, uform_layout_t const* layout,
-                                          uform_config_t const* config, uform_packed_t const* packed) {
+/* A kind's decoder at its hidden tokens, regressing their normalized values, and the way back into d_final. */
+static uform_status_t uform_model_media(uform_replica_t* r, uform_layout_t const* layout, uform_terms_t const* terms,
+                                        uform_packed_t const* packed, int kind) {
     uform_backend_t const* b = r->backend;
     void* x = r->context;
-    size_t hidden = packed->patches_hidden, patch = layout->patch, h = layout->hidden;
-    size_t back = r->capacity_tokens - hidden;
-    uint32_t const* rows = r->patch_rows + back;
+    size_t hidden = packed->media_hidden[kind], width = layout->media_width[kind], h = layout->hidden;
+    uform_media_runs_t runs = uform_media_runs(packed, kind);
+    uint32_t const* rows = r->media_rows + runs.hidden_rows;
+    size_t decoder = layout->media_decoder[kind];
     UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, rows, hidden, h));
-    UFORM_TRY(b->matmul(x, r->patch_predictions, NULL, r->masked_states, uform_compute(r, layout, layout->image_decoder),
-                        hidden, patch, h, 0, 1, b->activations));
-    UFORM_TRY(b->patch_loss(x, r->scalars + uform_scalar_image_loss_k, r->d_patch_predictions, r->patch_predictions,
-                            r->patch_values + back * patch, hidden, patch, config->given.masking.image_weight));
-    return uform_model_head_backward(r, layout, layout->image_decoder, r->d_patch_predictions, rows, hidden, patch);
+    UFORM_TRY(b->matmul(x, r->media_predictions, NULL, r->masked_states, uform_compute(r, layout, decoder), hidden, width,
+                        h, 0, 1, b->activations));
+    UFORM_TRY(b->patch_loss(x, r->scalars + uform_scalar_media_loss_k + kind, r->d_media_predictions,
+                            r->media_predictions, r->media_values + runs.hidden_values, hidden, width,
+                            terms->media_weight[kind]));
+    return uform_model_head_backward(r, layout, decoder, r->d_media_predictions, rows, hidden, width);
 }
 
 /* The heads read the final-norm states and leave their gradient in d_final; their losses land in the scalars. */
@@ -413,7 +425,8 @@ static uform_status_t uform_model_losses(uform_replica_t* r, uform_layout_t cons
         UFORM_TRY(uform_model_head_backward(r, layout, layout->decoder, r->d_logits, r->masked, decoded, uform_bytes_k));
     }
     if (terms.late_ran) UFORM_TRY(uform_model_late_interaction(r, layout, config, packed));
-    if (terms.image_ran) UFORM_TRY(uform_model_patches(r, layout, config, packed));
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind)
+        if (terms.media_ran[kind]) UFORM_TRY(uform_model_media(r, layout, &terms, packed, kind));
     UFORM_TRY(b->pool_forward(x, r->pooled, r->final, &items, h));
     if (c->objective != uform_objective_masked_k && packed->contrastive_rows) {
         uform_contrastive_setup_t setup = {.form = c->contrastive.pair_loss,
@@ -471,11 +484,18 @@ static uform_status_t uform_model_backward(uform_replica_t* r, uform_layout_t co
         UFORM_TRY(b->rmsnorm_backward(x, r->d_stream, g + t[block->attention_norm].offset, r->d_hidden, a->input,
                                       w + t[block->attention_norm].offset, a->rstd1, tokens, h));
     }
-    size_t shown = packed->patches_shown;
-    if (shown) { /* the shown patches' rows of the input's gradient reach the projection */
-        float* d_projection = g + t[layout->image_projection].offset;
-        UFORM_TRY(b->gather_rows(x, r->d_hidden, r->d_stream, r->patch_rows, shown, h));
-        UFORM_TRY(b->matmul(x, d_projection, d_projection, r->d_hidden, r->patches, h, layout->patch, shown, 1, 0, f32));
+    /* The shown media tokens' rows of the input's gradient reach their kinds' projections. */
+    size_t shown_rows = uform_media_runs(packed, uform_media_kinds_k).shown_rows;
+    if (shown_rows) UFORM_TRY(b->gather_rows(x, r->d_hidden, r->d_stream, r->media_rows, shown_rows, h));
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
+        size_t shown = packed->media_shown[kind];
+        if (!shown) continue;
+        uform_media_runs_t runs = uform_media_runs(packed, kind);
+        float* d_projection = g + t[layout->media_projection[kind]].offset;
+        void const* d_rows = (char const*)r->d_hidden + runs.shown_rows * h * uform_element_bytes(act);
+        void const* values = (char const*)r->media_compute + runs.shown_values * uform_element_bytes(act);
+        UFORM_TRY(b->matmul(x, d_projection, d_projection, d_rows, values, h, layout->media_width[kind], shown, 1, 0,
+                            f32));
     }
     return b->embedding_backward(x, g + t[layout->embedding].offset, r->d_stream, r->order, r->order_offsets, tokens, h,
                                  uform_vocabulary_k);

@@ -146,7 +146,11 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     stats->contrastive_loss = terms.contrastive_ran ? (float)scalars[uform_scalar_contrastive_loss_k] : NAN;
     stats->choices_loss = terms.choices_ran ? (float)scalars[uform_scalar_choices_loss_k] : NAN;
     stats->late_interaction_loss = terms.late_ran ? (float)scalars[uform_scalar_late_interaction_loss_k] : NAN;
-    stats->image_loss = terms.image_ran ? (float)scalars[uform_scalar_image_loss_k] : NAN;
+    float* media_losses[uform_media_kinds_k] = {&stats->image_loss, &stats->video_loss, &stats->audio_loss};
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
+        *media_losses[kind] = terms.media_ran[kind] ? (float)scalars[uform_scalar_media_loss_k + kind] : NAN;
+        stats->masked_patches += terms.media_ran[kind] ? trainer->packed.media_hidden[kind] : 0;
+    }
     stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     stats->items = trainer->packed.segments_count;
     stats->tokens = trainer->packed.tokens_count;
@@ -155,7 +159,6 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     stats->contrastive_rows = terms.contrastive_ran ? trainer->packed.contrastive_rows : 0;
     stats->choice_items = terms.choices_ran ? trainer->packed.choices_count : 0;
     stats->query_rows = terms.late_ran ? trainer->packed.late_rows_counted : 0;
-    stats->masked_patches = terms.image_ran ? trainer->packed.patches_hidden : 0;
     stats->temperature_groups = groups;
     for (uint32_t g = 0; g != groups; ++g)
         stats->inverse_temperatures[g] = expf(scored[g]), stats->biases[g] = scored[groups + g];
