@@ -84,6 +84,11 @@ def rope(x, positions):
     return out
 
 
+def linear(x, weight):
+    """x @ weight.T, summed by numpy's own loops: at these sizes BLAS's threads cost more than they save."""
+    return np.einsum("...i,oi->...o", x, weight)
+
+
 def gelu(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
@@ -97,7 +102,7 @@ def encode(weights, ids, depth):
     for l in range(depth):
         b = f"blocks.{l}."
         n = rmsnorm(x, weights[b + "attention_norm"])
-        q, k, v = np.split(n @ weights[b + "qkv"].T, 3, axis=-1)
+        q, k, v = np.split(linear(n, weights[b + "qkv"]), 3, axis=-1)
         q = rope(q.reshape(tokens, heads, 64), positions)
         k = rope(k.reshape(tokens, heads, 64), positions)
         v = v.reshape(tokens, heads, 64)
@@ -106,9 +111,9 @@ def encode(weights, ids, depth):
         p = np.exp(scores)
         p /= p.sum(-1, keepdims=True)
         a = np.einsum("hts,shd->thd", p, v).reshape(tokens, hidden)
-        x = x + a @ weights[b + "out"].T
+        x = x + linear(a, weights[b + "out"])
         n = rmsnorm(x, weights[b + "mlp_norm"])
-        x = x + gelu(n @ weights[b + "up"].T) @ weights[b + "down"].T
+        x = x + linear(gelu(linear(n, weights[b + "up"])), weights[b + "down"])
     return rmsnorm(x, weights["final_norm"])
 
 
