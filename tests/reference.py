@@ -2,8 +2,11 @@
 
 Written from the documents, not from the C code: the tests hold the C library to it. It reads the
 weights by their checkpoint names, packs nothing (attention per item is the same computation),
-and redraws the masking from the documented keyed draws.
+and redraws the masking and the hidden image patches from the documented keyed draws. An image
+item starts from its decoded patches (`Image`): decoding is tested on its own, against Pillow's
+and the codecs' own tools.
 """
+import collections
 import math
 
 import numpy as np
@@ -11,6 +14,7 @@ import numpy as np
 MASK_ID = 256
 CHOICE_ID = 257  # the position after an item's content whose decoder logits choose
 QUERY_PAD_ID = 258  # pads a query's rows up to max_query_span
+PATCH_ID = 259  # a shown image patch, whose projection adds to this row
 NONE, QUERY, DOCUMENT, BOTH = 0, 1, 2, 3  # late-interaction sides
 LATE_NAMES = ["late_interaction.token_head", "late_interaction.log_inverse_temperature", "late_interaction.bias"]
 M64 = (1 << 64) - 1
@@ -35,7 +39,7 @@ def uniform(k):
     return np.float32((k >> 40) * (1.0 / 16777216.0))
 
 
-SPAN, CORRUPT, BYTE = 2, 3, 4
+SPAN, CORRUPT, BYTE, PATCH = 2, 3, 4, 5
 
 
 def mask_item(data, seed, step, item, token_mask_probability=0.15, token_mean_span=3.0, replace_fraction=0.8,
@@ -64,6 +68,22 @@ def mask_item(data, seed, step, item, token_mask_probability=0.15, token_mean_sp
     return ids, chosen
 
 
+Image = collections.namedtuple("Image", "patches rows columns")
+Image.__doc__ = "An image item: its patches (rows * columns, patch values) in raster order, as decoded."
+
+
+def hide_patches(count, seed, step, item, image_mask_ratio=0.75):
+    """Which of an image's `count` patches a training step hides: one keyed draw per patch."""
+    return [bool(uniform(key(seed, PATCH, step, item, p)) < np.float32(image_mask_ratio)) for p in range(count)]
+
+
+def normalized_patches(patches):
+    """Each patch's values less their mean, over sqrt(population variance + 1e-6): MAE's targets."""
+    patches = np.asarray(patches, np.float64)
+    mean = patches.mean(-1, keepdims=True)
+    return (patches - mean) / np.sqrt(patches.var(-1, keepdims=True) + 1e-6)
+
+
 # ------------------------------------------------------------------------------------------------
 # The encoder
 # ------------------------------------------------------------------------------------------------
@@ -72,10 +92,24 @@ def rmsnorm(x, gain):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * gain
 
 
-def rope(x, positions):
-    """x: (tokens, heads, 64), rotated per interleaved pair."""
-    i = np.arange(32)
-    angles = positions[:, None] * 10000.0 ** (-2.0 * i / 64)
+def text_angles(tokens):
+    """(tokens, 32): pair i of position t turns by t * 10000^(-2i/64)."""
+    return np.arange(tokens, dtype=np.float64)[:, None] * 10000.0 ** (-2.0 * np.arange(32) / 64)
+
+
+def grid_angles(rows, columns):
+    """(rows * columns, 32) in raster order: pairs 2k turn by the patch's row and pairs 2k + 1 by its column,
+    both at 10000^(-4k/64)."""
+    row, column = np.divmod(np.arange(rows * columns, dtype=np.float64), columns)
+    frequencies = 10000.0 ** (-4.0 * np.arange(16) / 64)
+    angles = np.empty((rows * columns, 32))
+    angles[:, 0::2] = row[:, None] * frequencies
+    angles[:, 1::2] = column[:, None] * frequencies
+    return angles
+
+
+def rope(x, angles):
+    """x: (tokens, heads, 64), each interleaved pair i of token t rotated by angles[t, i]."""
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
     x0, x1 = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
@@ -84,31 +118,39 @@ def rope(x, positions):
     return out
 
 
+def linear(x, weight):
+    """x @ weight.T, summed by numpy's own loops: at these sizes BLAS's threads cost more than they save."""
+    return np.einsum("...i,oi->...o", x, weight)
+
+
 def gelu(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def encode(weights, ids, depth):
-    """Final-norm states (tokens, hidden) of one item."""
+def encode(weights, ids, depth, angles=None, added=None):
+    """Final-norm states (tokens, hidden) of one item; `angles` (tokens, 32) turn an image's pairs, text's
+    by default, and `added` (tokens, hidden) adds to the embedding rows (shown patches' projections)."""
     x = weights["text.embedding"][np.asarray(ids)]
+    if added is not None:
+        x = x + added
     tokens, hidden = x.shape
     heads = hidden // 64
-    positions = np.arange(tokens, dtype=np.float64)
+    angles = text_angles(tokens) if angles is None else angles
     for l in range(depth):
         b = f"blocks.{l}."
         n = rmsnorm(x, weights[b + "attention_norm"])
-        q, k, v = np.split(n @ weights[b + "qkv"].T, 3, axis=-1)
-        q = rope(q.reshape(tokens, heads, 64), positions)
-        k = rope(k.reshape(tokens, heads, 64), positions)
+        q, k, v = np.split(linear(n, weights[b + "qkv"]), 3, axis=-1)
+        q = rope(q.reshape(tokens, heads, 64), angles)
+        k = rope(k.reshape(tokens, heads, 64), angles)
         v = v.reshape(tokens, heads, 64)
         scores = np.einsum("thd,shd->hts", q, k) / 8.0
         scores -= scores.max(-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(-1, keepdims=True)
         a = np.einsum("hts,shd->thd", p, v).reshape(tokens, hidden)
-        x = x + a @ weights[b + "out"].T
+        x = x + linear(a, weights[b + "out"])
         n = rmsnorm(x, weights[b + "mlp_norm"])
-        x = x + gelu(n @ weights[b + "up"].T) @ weights[b + "down"].T
+        x = x + linear(gelu(linear(n, weights[b + "up"])), weights[b + "down"])
     return rmsnorm(x, weights["final_norm"])
 
 
@@ -225,27 +267,45 @@ def choose(logits, offered, targets):
 
 def step_losses(weights, items, *, depth, objective, seed, step, relations=None, groups=None, form="sigmoid",
                 dimensions=None, negatives="ambient", ambient_weight=1.0, masking=None, text_weight=1.0,
-                choices=None, choice_targets=None, choices_weight=1.0, sides=None, late=None):
-    """(total, masked, contrastive, choices, late interaction) of one step over byte-string items,
-    as uform defines them. An item offering choices (bytes) ends with CHOICE_ID, which pooling counts
-    and masking skips. `late` (weight, max_query_span, form) scores the items' `sides`: a query is cut
-    to the span and padded up to it with QUERY_PAD_ID, and its rows and a document's (the choice
-    position aside) go through the token head to unit length."""
+                choices=None, choice_targets=None, choices_weight=1.0, sides=None, late=None, image_mask_ratio=0.75,
+                image_weight=1.0):
+    """(total, masked, contrastive, choices, late interaction, image) of one step over items, each a
+    byte string (text) or an `Image`, as uform defines them. An item offering choices (bytes) ends
+    with CHOICE_ID, which pooling counts and masking skips. `late` (weight, max_query_span, form)
+    scores the items' `sides`: a query is cut to the span and padded up to it with QUERY_PAD_ID, and
+    its rows and a document's (the choice position aside) go through the token head to unit length.
+    Outside the contrastive objective an image's patches hide by keyed draws: a hidden one shows
+    MASK_ID and adds no projection, and the patch decoder regresses its normalized values there."""
     masking = masking or {}
-    states, pooled, decoded, targets, chose, scored = [], [], [], [], [], []
+    states, pooled, decoded, targets, chose, scored, predicted, regressed = [], [], [], [], [], [], [], []
     for i, data in enumerate(items):
         side = sides[i] if sides else NONE
-        if side in (QUERY, BOTH):
-            data = data[:late["max_query_span"]]
-        if objective == "contrastive":
-            ids, chosen = list(data), []
-        else:
-            ids, chosen = mask_item(data, seed, step, i, **masking)
-        ids = list(ids)
-        if side in (QUERY, BOTH):
-            ids += [QUERY_PAD_ID] * (late["max_query_span"] - len(ids))
         offered = choices[i] if choices else b""
-        final = encode(weights, ids + [CHOICE_ID] * (len(offered) > 0), depth)
+        if isinstance(data, Image):
+            patches = np.asarray(data.patches, np.float64).reshape(data.rows * data.columns, -1)
+            hidden = np.zeros(len(patches), dtype=bool) if objective == "contrastive" else \
+                np.array(hide_patches(len(patches), seed, step, i, image_mask_ratio))
+            ids = np.where(hidden, MASK_ID, PATCH_ID)
+            added = np.where(hidden[:, None], 0.0, patches @ weights["image.projection"].T)
+            final = encode(weights, ids, depth, grid_angles(data.rows, data.columns), added)
+            predicted += list(final[hidden])
+            regressed += list(normalized_patches(patches[hidden]))
+        else:
+            if side in (QUERY, BOTH):
+                data = data[:late["max_query_span"]]
+            if objective == "contrastive":
+                ids, chosen = list(data), []
+            else:
+                ids, chosen = mask_item(data, seed, step, i, **masking)
+            ids = list(ids)
+            if side in (QUERY, BOTH):
+                ids += [QUERY_PAD_ID] * (late["max_query_span"] - len(ids))
+            final = encode(weights, ids + [CHOICE_ID] * (len(offered) > 0), depth)
+            for p in chosen:
+                decoded.append(final[p])
+                targets.append(data[p])
+            if offered:
+                chose.append(choose(final[-1] @ weights["text.decoder"].T, offered, choice_targets[i]))
         if side != NONE:
             vectors = final[:len(ids)] @ weights["late_interaction.token_head"].T
             scored.append(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
@@ -253,11 +313,9 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
             scored.append(None)
         states.append(final)
         pooled.append(final.mean(0))
-        for p in chosen:
-            decoded.append(final[p])
-            targets.append(data[p])
-        if offered:
-            chose.append(choose(final[-1] @ weights["text.decoder"].T, offered, choice_targets[i]))
+    image = float("nan")
+    if predicted:
+        image = float(((np.array(predicted) @ weights["image.decoder"].T - np.array(regressed)) ** 2).mean())
     masked = float("nan")
     if objective != "contrastive" and targets:
         masked = cross_entropy(np.array(decoded) @ weights["text.decoder"].T, np.array(targets))
@@ -303,7 +361,9 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
         parts.append(choices_weight * chose)
     if not math.isnan(late_loss):
         parts.append(late["weight"] * late_loss)
-    return (sum(parts) if parts else float("nan")), masked, contrastive, chose, late_loss
+    if not math.isnan(image):
+        parts.append(image_weight * image)
+    return (sum(parts) if parts else float("nan")), masked, contrastive, chose, late_loss, image
 
 
 def tensor_names(depth, late=False):

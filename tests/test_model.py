@@ -129,8 +129,9 @@ def test_losses_and_every_gradient_match_the_float64_reference(executor, tmp_pat
         relations = LATE_RELATIONS if "late" in options else RELATIONS
         return step_losses(w, ITEMS, depth=DEPTH, seed=5, step=3, relations=relations, groups=GROUPS, **reference)
 
-    total, masked, contrastive, chose, late = loss(weights)
+    total, masked, contrastive, chose, late, image = loss(weights)
     assert stats.loss == pytest.approx(total, rel=2e-4)
+    assert math.isnan(image) and math.isnan(stats.image_loss) and stats.masked_patches == 0  # text alone
     if objective != "contrastive":
         assert stats.masked_loss == pytest.approx(masked, rel=2e-4)
     else:

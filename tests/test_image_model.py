@@ -1,0 +1,160 @@
+"""Images in the model against the independent float64 reference (`reference.py`): a step mixing text
+and small PNG images, its losses and the gradient of every tensor, the image projection and the patch
+decoder among them, by central finite differences. The reference starts from the patches the library
+decodes (`uform._testing.image_patches`, held to independent decoders in `test_media.py`); from
+there on, which patches hide, their ids, their 2D rotary positions, the projection, the normalized
+targets and the regression are its own, written from docs/model.md."""
+import math
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+
+import uform
+from reference import Image, hide_patches, step_losses, tensor_names, unflatten
+from test_media import picture, png_bytes
+
+DEPTH = 2
+SIDE = 8  # patch_side: 8 x 8 x 3 = 192 values a patch
+COLUMNS = 32
+# (height, width): 2 x 3, 3 x 2 and 2 x 2 patches, so a swapped row and column would show.
+SIZES = [(16, 24), (24, 16), (16, 16)]
+PNGS = [png_bytes(picture(height, width, seed=i)) for i, (height, width) in enumerate(SIZES)]
+TEXTS = [b"a small red panda", b"red pandas eat bamboo", b"the sun is a star"]
+# Text and images interleaved, so images sit between text items in the packed rows.
+CONTENTS = [TEXTS[0], PNGS[0], TEXTS[1], PNGS[1], TEXTS[2], PNGS[2]]
+MODALITIES = [uform.Modality.TEXT, uform.Modality.IMAGE] * 3
+RELATIONS = dict(
+    attract=dict(offsets=[0, 1, 2, 3, 4, 4, 4], ids=[1, 0, 3, 2]),
+    repel=dict(offsets=[0, 0, 0, 1, 1, 2, 2], ids=[0, 1], weights=[0.5, 2.0]),
+    ignore=dict(offsets=[0, 0, 0, 0, 0, 0, 1], ids=[4]),
+)
+GROUPS = [0, 1, 0, 1, 0, 1]
+SEED, STEP = 5, 3  # the probe follows two steps
+FORMS = {uform.PairLossForm.SIGMOID: "sigmoid", uform.PairLossForm.BALANCED: "balanced",
+         uform.PairLossForm.RANKED: "ranked"}
+CASES = [
+    ("joint", uform.PairLossForm.SIGMOID, [64, 128], dict(image_mask_ratio=0.5, image_weight=0.7, text_weight=1.5)),
+    ("joint", uform.PairLossForm.RANKED, None, {}),
+    ("masked", uform.PairLossForm.SIGMOID, None, dict(image_mask_ratio=0.6, image_weight=2.0)),
+    ("contrastive", uform.PairLossForm.BALANCED, [64, 128], {}),
+]
+
+
+@pytest.fixture(scope="module")
+def executor():
+    """One thread: the numbers are under test here, and test_model.py already steps with two."""
+    with uform.Executor.for_ram(threads=1) as executor:
+        yield executor
+
+
+def config(objective, form, dimensions, masking):
+    return dict(depth=DEPTH, hidden=128, objective=objective, seed=SEED, schedule=dict(steps=20, warmup_steps=2),
+                batch=dict(max_rows_per_device=8, max_columns_per_row=COLUMNS, max_segments_per_device=16,
+                           image=dict(patch_side=SIDE)),
+                contrastive=dict(pair_loss=form, temperature_groups=2, matryoshka_dimensions=dimensions),
+                masking=masking)
+
+
+def batch():
+    return dict(modalities=MODALITIES, contents=CONTENTS, relations=RELATIONS, temperature_groups=GROUPS)
+
+
+def reference_items():
+    """The items as the reference reads them: text as bytes, images as the library decodes them to patches."""
+    items = []
+    for content, modality in zip(CONTENTS, MODALITIES):
+        if modality == uform.Modality.IMAGE:
+            patches, grid = uform._testing.image_patches(np.frombuffer(content, np.uint8), patch_side=SIDE, channels=3,
+                                                         max_tokens=COLUMNS)
+            assert grid["frames"] == 1 and not grid["truncated"]
+            items.append(Image(patches.reshape(len(patches), -1), grid["rows"], grid["columns"]))
+        else:
+            items.append(content)
+    return items
+
+
+def sharpened(executor, trainer_config, tmp_path):
+    """A trainer two steps in whose queries and keys are scaled up 4-fold through its checkpoint. At
+    initialization attention logits spread by about 0.07, so attention is nearly uniform and rotary
+    positions barely touch the loss; here they spread by about 1 and a wrong angle shows."""
+    path = str(tmp_path / "sharpened.safetensors")
+    with uform.Trainer.init_ram(executor, trainer_config) as trainer:
+        for _ in range(STEP - 1):  # leave the initial point, so moments and weights are not special
+            trainer.step(batch())
+        trainer.save(path)
+    tensors = safetensors.numpy.load_file(path)
+    with safetensors.safe_open(path, "np") as f:
+        metadata = f.metadata()
+    for l in range(DEPTH):
+        tensors[f"blocks.{l}.qkv"][:256] *= 4  # hidden 128: queries, then keys
+    safetensors.numpy.save_file(tensors, path, metadata=metadata)
+    return uform.Trainer.init_ram(executor, dict(trainer_config, resume=path))
+
+
+def named_weights(trainer, tmp_path, flat):
+    path = str(tmp_path / "layout.safetensors")
+    trainer.save(path)
+    return unflatten(flat, safetensors.numpy.load_file(path), DEPTH)
+
+
+def test_the_images_decode_to_the_grids_the_sizes_give():
+    grids = [(item.rows, item.columns) for item in reference_items() if isinstance(item, Image)]
+    assert grids == [(2, 3), (3, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("objective,form,dimensions,options", CASES)
+def test_image_losses_and_every_gradient_match_the_float64_reference(executor, tmp_path, objective, form, dimensions,
+                                                                      options):
+    items = reference_items()
+    with sharpened(executor, config(objective, form, dimensions, dict(options)), tmp_path) as trainer:
+        weights = named_weights(trainer, tmp_path, trainer._weights())
+        stats, flat_gradients = trainer._probe(batch())
+        gradients = named_weights(trainer, tmp_path, flat_gradients)
+
+    ratio = options.get("image_mask_ratio", 0.75)
+    reference = dict(depth=DEPTH, objective=objective, seed=SEED, step=STEP, relations=RELATIONS, groups=GROUPS,
+                     form=FORMS[form], dimensions=dimensions, text_weight=options.get("text_weight", 1.0),
+                     image_mask_ratio=ratio, image_weight=options.get("image_weight", 1.0))
+
+    def loss(w):
+        return step_losses(w, items, **reference)
+
+    total, masked, contrastive, _, _, image = loss(weights)
+    hidden = sum(sum(hide_patches(item.rows * item.columns, SEED, STEP, i, ratio))
+                 for i, item in enumerate(items) if isinstance(item, Image))
+    patches = sum(item.rows * item.columns for item in items if isinstance(item, Image))
+    assert stats.tokens == sum(map(len, TEXTS)) + patches
+    assert stats.loss == pytest.approx(total, rel=2e-4)
+    if objective != "contrastive":
+        assert 0 < hidden < patches  # both the projection and the decoder are in play
+        assert stats.masked_patches == hidden
+        assert stats.image_loss == pytest.approx(image, rel=2e-4)
+        assert stats.masked_loss == pytest.approx(masked, rel=2e-4)
+    else:
+        assert stats.masked_patches == 0 and math.isnan(stats.image_loss) and math.isnan(image)
+        assert math.isnan(stats.masked_loss)
+    if objective != "masked":
+        assert stats.contrastive_loss == pytest.approx(contrastive, rel=2e-4)
+    else:
+        assert math.isnan(stats.contrastive_loss)
+
+    rng = np.random.default_rng(1)
+    checked = 0
+    for name in tensor_names(DEPTH):
+        direction = rng.standard_normal(weights[name].shape)
+        epsilon = 1e-5
+        plus, minus = dict(weights), dict(weights)
+        plus[name] = weights[name] + epsilon * direction
+        minus[name] = weights[name] - epsilon * direction
+        numeric = (loss(plus)[0] - loss(minus)[0]) / (2 * epsilon)
+        terms = gradients[name] * direction
+        analytic = terms.sum()
+        # float32 gradients against float64 differences: the error scales with the terms' magnitude
+        tolerance = 2e-3 * abs(numeric) + 2e-3 * np.sqrt((terms**2).sum()) + 1e-7
+        assert abs(analytic - numeric) <= tolerance, (name, analytic, numeric)
+        checked += abs(numeric) > 1e-6
+        if name == "image.projection" or (name == "image.decoder" and objective != "contrastive"):
+            assert abs(numeric) > 1e-6, name  # the image's own tensors moved the loss
+    assert checked >= 5  # the directions really moved the loss
