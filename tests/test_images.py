@@ -116,3 +116,47 @@ def test_held_out_image_text_retrieval_rises(cpu, tmp_path):
     assert np.array_equal(twice[0], twice[1])
     assert big.truncated_items == 1  # 25 x 15 patches of 8 do not fit a row of 64: resized to fit
     assert after >= 0.5 > before + 0.2, (before, after)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Video and audio: the same layout, their own projections and decoders                           #
+# ---------------------------------------------------------------------------------------------- #
+
+from test_media import clip, needs, needs_format, tone, wav_bytes  # noqa: E402
+
+
+@needs("ffmpeg")
+@needs_format("mp4", "wav")
+def test_a_step_reads_text_images_video_and_audio_together(cpu, tmp_path):
+    """Each kind hides its own tokens and reports its own reconstruction; the total weighs them all."""
+    rng = np.random.default_rng(5)
+    video = clip(tmp_path, "mp4", frames=8, size="32x32")  # 8 frames of 2 x 2 patches of 16: 4 tubelets of 2 frames
+    sound = wav_bytes(tone(0.25, 16000), 16000)  # 4,000 samples: 10 chunks of 400
+    step = dict(modalities=["text", "image", "video", "audio"],
+                contents=["a red disk", drawing("disk", "red", rng), video, sound],
+                relations=dict(attract=uform.Edges([0, 3, 3, 3, 3], [1, 2, 3])))
+    made = config(masking=dict(image_weight=0.5, video_weight=2.0, audio_weight=0.25, video_mask_ratio=0.5),
+                  batch=dict(max_rows_per_device=12, max_columns_per_row=64, image=dict(patch_side=8)))
+    with uform.Trainer.init_ram(cpu, made) as trainer:
+        stats = trainer.step(step).stats
+    assert stats.tokens == len("a red disk") + 16 + 4 * 4 + 10
+    assert all(np.isfinite([stats.image_loss, stats.video_loss, stats.audio_loss]))
+    expected = np.nansum([stats.masked_loss, stats.contrastive_loss]) + 0.5 * stats.image_loss + \
+        2.0 * stats.video_loss + 0.25 * stats.audio_loss  # a short text may have no masked byte
+    assert stats.loss == pytest.approx(expected, rel=1e-5)
+    with uform.Trainer.init_ram(cpu, dict(made, objective=uform.Objective.MASKED)) as trainer:
+        losses = [trainer.step(dict(step, relations=None)).stats for _ in range(12)]
+    assert losses[-1].audio_loss < losses[0].audio_loss  # a pure tone: chunks are learnable
+
+
+@needs_format("wav")
+def test_audio_items_embed_and_refuse_what_they_are_not(cpu, tmp_path):
+    path = str(tmp_path / "audio.safetensors")
+    with uform.Trainer.init_ram(cpu, config()) as trainer:
+        trainer.save(path, weights_only=True)
+        with pytest.raises(uform.InvalidArgument, match=r"batch\.contents\[0\]"):
+            trainer.step(dict(modalities=["audio"], contents=[drawing("disk", "red", np.random.default_rng(0))]))
+    with uform.Encoder.load(path, cpu) as encoder:
+        long = wav_bytes(tone(2.0, 16000), 16000)  # 80 chunks: cut to the row's 64
+        rows = encoder.embed(["audio", "audio"], [long, wav_bytes(tone(0.1, 16000), 16000)])
+    assert rows.truncated_items == 1 and np.allclose(np.linalg.norm(rows.numpy(), axis=1), 1, rtol=1e-5)
