@@ -191,7 +191,7 @@ typedef struct uform_image_shape_t {
     uint32_t channels;   /**< 1 gray, 3 RGB, 4 RGBA; 0 derives 3. */
 } uform_image_shape_t;
 
-/** @brief How video items are cut into tubelets. Not read by this build's text-only model. */
+/** @brief How video items are cut into tubelets: `tube_frames` kept frames of `patch_side` squares. */
 typedef struct uform_video_shape_t {
     uint32_t patch_side;   /**< 0 derives 16. */
     uint32_t tube_frames;  /**< Frames in one tubelet; 0 derives 2. */
@@ -199,7 +199,7 @@ typedef struct uform_video_shape_t {
     uint32_t channels;     /**< 0 derives 3. */
 } uform_video_shape_t;
 
-/** @brief How audio items are cut into chunks. Not read by this build's text-only model. */
+/** @brief How audio items are cut into chunks of mono samples. */
 typedef struct uform_audio_shape_t {
     uint32_t chunk_samples; /**< Samples in one chunk; 0 derives 400. */
     uint32_t sample_rate;   /**< Samples per second audio is resampled to; 0 derives 16000. */
