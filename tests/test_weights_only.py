@@ -203,5 +203,5 @@ def test_an_encoder_holds_the_weights_and_one_pass(cpu, tmp_path):
         with uform.Encoder.load(path, cpu) as encoder:
             taken[depth] = parameters, trained, encoder._handle().memory()
     (shallow, _, shallow_encoder), (deep, deep_trainer, deep_encoder) = taken[1], taken[4]
-    assert deep_encoder < deep_trainer / 4
+    assert deep_encoder < deep_trainer / 3  # at hidden 128 the media projections and decoders weigh as much as 4 blocks
     assert deep_encoder - shallow_encoder == 4 * (deep - shallow)  # float32 weights on the CPU, nothing per block
