@@ -29,7 +29,7 @@ uform redraws its masks per step, the peer keeps the first step's (about the sam
 uform's learning rate warms up over its schedule while the peer's stays at 1e-3, so the last
 losses are not comparable, only the first.
 
-Decoding: uform's step time includes decoding the PNGs on the calling thread (its host share,
+Decoding: uform's step time includes decoding the PNGs on every host core (its host share,
 `stats.host_seconds` over the step, as in bench/gpu.py). The peer's step excludes decoding; its
 decode of the same PNGs with zlib and numpy into the same patches, on one thread, is timed apart
 (`decode_ms` a step) and added in `step_ms_with_decode`, the serial loop a user would write
