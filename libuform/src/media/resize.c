@@ -84,6 +84,18 @@ void uform_resize_run(uform_resize_t const* resize, uint8_t const* pixels, size_
     uform_resize_axis_t const* vertical = &resize->vertical;
     uform_resize_axis_t const* horizontal = &resize->horizontal;
     float* row = resize->row;
+    if (vertical->outputs == resize->height && horizontal->outputs == resize->width) {
+        /* The same size: every weight is one or zero, so the filter is the identity, bit for bit. */
+        for (size_t y = 0; y != resize->height; ++y) {
+            uint8_t const* source = pixels + y * stride;
+            float* patch_row = out + (y / side) * columns * patch_stride + (y % side) * side * channels;
+            for (size_t x = 0; x != resize->width; ++x) {
+                float* to = patch_row + (x / side) * patch_stride + (x % side) * channels;
+                for (size_t c = 0; c != channels; ++c) to[c] = (float)source[x * channels + c] * (2.0f / 255.0f) - 1.0f;
+            }
+        }
+        return;
+    }
     for (size_t y = 0; y != vertical->outputs; ++y) {
         float const* weights = vertical->weights + y * vertical->taps;
         uint8_t const* source = pixels + (size_t)vertical->starts[y] * stride;
