@@ -160,3 +160,13 @@ def test_audio_items_embed_and_refuse_what_they_are_not(cpu, tmp_path):
         long = wav_bytes(tone(2.0, 16000), 16000)  # 80 chunks: cut to the row's 64
         rows = encoder.embed(["audio", "audio"], [long, wav_bytes(tone(0.1, 16000), 16000)])
     assert rows.truncated_items == 1 and np.allclose(np.linalg.norm(rows.numpy(), axis=1), 1, rtol=1e-5)
+
+
+def test_resume_names_a_changed_patch_size(cpu, tmp_path):
+    path = str(tmp_path / "eight.safetensors")
+    with uform.Trainer.init_ram(cpu, config()) as trainer:
+        trainer.save(path)
+    changed = config(resume=path, batch=dict(max_rows_per_device=12, max_columns_per_row=64, image=dict(patch_side=16)))
+    with pytest.raises(uform.InvalidCheckpoint, match=r"values in an image patch \(batch\.image\.patch_side\^2 x channels\) "
+                                                      r"= 192, the config asks for 768"):
+        uform.Trainer.init_ram(cpu, changed)

@@ -619,8 +619,9 @@ class Encoder:
         """Pooled, unit-norm embeddings of any number of items, as `Rows` (items x hidden), as training
         pools an item read as plain contents (a query's padding and a choice position are not added).
 
-        `contents` is a list of str / bytes or a `Tape`. Items longer than the checkpoint's
-        `batch.max_columns_per_row` bytes are cut to that many; `rows.truncated_items` counts them.
+        `contents` is a list of str / bytes or a `Tape`, media items as their encoded files. Items that
+        do not fit a row of the checkpoint's `batch.max_columns_per_row` tokens are fitted (texts cut,
+        images shrunk, video and audio cut at the end); `rows.truncated_items` counts them.
         The rows land in fresh memory, or in `arena` when given (then valid until its next use).
         """
         worker = self._worker()

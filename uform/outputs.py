@@ -183,7 +183,8 @@ class Rows:
 
     @property
     def truncated_items(self) -> Optional[int]:
-        """Items `Encoder.embed` cut to the checkpoint's `batch.max_columns_per_row` bytes.
+        """Items `Encoder.embed` fitted to a row of the checkpoint's `batch.max_columns_per_row` tokens:
+        texts cut, images shrunk, video and audio cut at the end.
 
         None on a training step's rows, whose `Stats.truncated_items` counts them.
         """

@@ -2,8 +2,8 @@
  *  @file   uform.h
  *  @brief  Training multimodal transformer encoders from any language that can call C.
  *
- *  uform trains one pre-norm transformer encoder over text (UTF-8 bytes) and, in later builds,
- *  images, video and audio, with masked, contrastive, late-interaction and choices objectives.
+ *  uform trains one pre-norm transformer encoder over text (UTF-8 bytes), images, video and audio
+ *  (decoded inside the library), with masked, contrastive, late-interaction and choices objectives.
  *  The model, the losses and the checkpoint format are documented in `docs/model.md`.
  *
  *  @section  Handles and their lifetime
@@ -193,16 +193,16 @@ typedef struct uform_image_shape_t {
 
 /** @brief How video items are cut into tubelets: `tube_frames` kept frames of `patch_side` squares. */
 typedef struct uform_video_shape_t {
-    uint32_t patch_side;   /**< 0 derives 16. */
-    uint32_t tube_frames;  /**< Frames in one tubelet; 0 derives 2. */
-    uint32_t frame_stride; /**< Frames skipped between kept frames; 0 derives 1. */
-    uint32_t channels;     /**< 0 derives 3. */
+    uint32_t patch_side;   /**< At most 64; 0 derives 16. */
+    uint32_t tube_frames;  /**< Kept frames in one tubelet, at most 16; 0 derives 2. */
+    uint32_t frame_stride; /**< Every `frame_stride`-th frame is kept, at most 64; 0 derives 1. */
+    uint32_t channels;     /**< 1 gray, 3 RGB, 4 RGBA; 0 derives 3. */
 } uform_video_shape_t;
 
 /** @brief How audio items are cut into chunks of mono samples. */
 typedef struct uform_audio_shape_t {
-    uint32_t chunk_samples; /**< Samples in one chunk; 0 derives 400. */
-    uint32_t sample_rate;   /**< Samples per second audio is resampled to; 0 derives 16000. */
+    uint32_t chunk_samples; /**< Samples in one chunk, at most 65536; 0 derives 400. */
+    uint32_t sample_rate;   /**< Samples per second audio is resampled to, in [1000, 192000]; 0 derives 16000. */
 } uform_audio_shape_t;
 
 /**
@@ -490,7 +490,8 @@ typedef struct uform_encoder_embed_t {
     uform_tape_t contents;              /**< `count` byte entries. */
     void* embeddings;                   /**< Out: `count x hidden` scalars, unit-norm pooled embeddings. */
     uform_scalar_t embeddings_scalar;
-    uint64_t truncated_items;           /**< Out: items longer than the checkpoint's `max_columns_per_row`, cut to it. */
+    uint64_t truncated_items;           /**< Out: items that did not fit a row of `max_columns_per_row` tokens: text
+                                             cut, images shrunk, video and audio cut at the end. */
 } uform_encoder_embed_t;
 
 /**

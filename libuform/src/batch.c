@@ -281,7 +281,10 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
         if (side < 0 || side > uform_late_interaction_query_and_document_k)
             return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, side);
         if (uform_side_queries((uint8_t)side) && step->modalities[i] != uform_modality_text_k)
-            return UFORM_INVALID("batch.sides[%zu]: only text items are queries; an image may be a document", i);
+            return UFORM_INVALID("batch.sides[%zu]: only text items are queries; this %s item may be a document", i,
+                                 step->modalities[i] == uform_modality_image_k   ? "image"
+                                 : step->modalities[i] == uform_modality_video_k ? "video"
+                                                                                 : "audio");
         if (side != uform_late_interaction_none_k && !(c->late_interaction.weight > 0))
             return UFORM_INVALID("batch.sides[%zu]: %s needs config.late_interaction.weight", i,
                                  side == uform_late_interaction_query_k      ? "query"
