@@ -172,8 +172,8 @@ def draw(scene, rng):
     if layout == "one":
         paint(pixels, things[0], rng.randrange(12, SIDE - 12), rng.randrange(12, SIDE - 12))
         return named[0], png_bytes(pixels)
-    # The near shape's centre sits in the first third, the far one's in the last: large ones never touch.
-    near, far = rng.randrange(10, 16), rng.randrange(SIDE - 15, SIDE - 9)
+    # The near shape's centre sits in the first third, the far one's in the last: two large ones never touch.
+    near, far = rng.randrange(10, 16), rng.randrange(SIDE - 14, SIDE - 9)
     across = [rng.randrange(10, SIDE - 9) for _ in things]
     for thing, along, other in zip(things, (near, far), across):
         paint(pixels, thing, *((other, along) if layout == "beside" else (along, other)))
@@ -184,6 +184,10 @@ def draw(scene, rng):
 
 def held_out_scenes(count, seed):
     """`count` distinct two-shape scenes, each drawn once: (keys, [(caption, png), ...])."""
+    things = len(SIZES) * len(COLORS) * len(SHAPES)
+    scenes = (len(LAYOUTS) - 1) * things * (things - len(SIZES))
+    if not 0 < count <= scenes:
+        raise ValueError(f"held out: {count} scenes asked, {scenes} distinct two-shape scenes exist")
     rng, keys = random.Random(seed), []
     while len(keys) < count:
         scene = random_scene(rng)
