@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -225,7 +226,7 @@ def test_a_config_error_names_its_field_before_any_step(run, capsys):
                              ({"hidden = 128": "hidden = 100"}, "trainer.hidden: 100 is not a multiple of 128")):
         assert cli.main(["train", run(**replace)]) == 1
         assert re.search(message, capsys.readouterr().err), message
-    assert not glob.glob(os.path.join(os.path.dirname(run()), "runs", "*", "checkpoints"))
+    assert not os.path.exists(os.path.join(os.path.dirname(run()), "runs"))  # no run folder for a refused config
 
 
 def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_does(run, tmp_path):
@@ -266,10 +267,150 @@ def test_the_tutorials_config_is_one_uform_train_reads(tmp_path):
     if not os.path.isfile(tutorial):
         pytest.skip("an installed package without the checkout's docs")
     blocks = re.findall(r"```toml\n(.*?)```", open(tutorial).read(), re.S)
-    (full,) = [block for block in blocks if "[trainer]" in block]
+    (full,) = [block for block in blocks if "[trainer]" in block and "train.jsonl" in block]
     for name in ("train.jsonl", "held-out.jsonl"):
         (tmp_path / name).write_text('{"signature": "f(x)", "doc": "Return x."}\n')
     (tmp_path / "pairs.toml").write_text(full)
     config = cli.load_config(str(tmp_path / "pairs.toml"))
     assert config.trainer["schedule"]["steps"] == 1200 and config.checkpoints.keep == 3
     assert config.run.folder == str(tmp_path / "runs" / "pairs") and config.evaluation.max_records == 400
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Images through the command, records the library refuses, data with no usable record             #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def write_photos(folder, count, broken=(), start=0):
+    """`count` captioned PNGs, `{key}.png` beside `{key}.txt`; `broken` keys get a PNG's signature and garbage."""
+    from test_media import png_bytes
+
+    folder.mkdir()
+    rng = np.random.default_rng(start)
+    for i in range(start, start + count):
+        png = png_bytes(rng.integers(0, 256, (24, 40, 3)).astype(np.uint8))
+        (folder / f"p{i:02d}.png").write_bytes(png[:8] + bytes(40) if i in broken else png)
+        (folder / f"p{i:02d}.txt").write_text(f"picture number {i}")
+    return str(folder)
+
+
+def photos_config(tmp_path, steps=2, evaluation=True, **replace):
+    """The tutorial's image config, shrunk to a test's size, over `photos/` (and `held-out-photos/`)."""
+    tutorial = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "tutorial.md")
+    if not os.path.isfile(tutorial):
+        pytest.skip("an installed package without the checkout's docs")
+    (text,) = [block for block in re.findall(r"```toml\n(.*?)```", open(tutorial).read(), re.S)
+               if "[trainer.batch.image]" in block]
+    for old, new in {"depth = 2": "depth = 1", "hidden = 256": "hidden = 128", "max_rows_per_device = 32":
+                     "max_rows_per_device = 8", "max_columns_per_row = 256": "max_columns_per_row = 64",
+                     "steps = 300": f"steps = {steps}", "warmup_steps = 30": "warmup_steps = 1",
+                     "[data]": "[data]\nshuffle_buffer = 0", "[checkpoints]": "[run]\nthreads = 1\n\n[checkpoints]",
+                     **replace}.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    if evaluation:
+        text += '\n[evaluation]\npaths = ["held-out-photos"]\n'
+    path = tmp_path / "photos.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_tutorials_image_config_trains_and_logs_every_stat_of_a_step(tmp_path):
+    write_photos(tmp_path / "photos", 12)
+    write_photos(tmp_path / "held-out-photos", 4, start=50)
+    assert cli.main(["train", photos_config(tmp_path)]) == 0
+    folder = tmp_path / "runs" / "photos"
+    trained = [line for line in read_log(folder) if "loss" in line]
+    assert [line["step"] for line in trained] == [1, 2]
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1))) as trainer:
+        fields = set(trainer.step(dict(modalities=["text"] * 2, contents=["a", "b"],
+                                       relations=dict(attract=uform.Edges([0, 1, 2], [1, 0])))).stats) - {"step"}
+    assert fields <= set(trained[0])  # every stat a step reports, the media terms included
+    assert trained[0]["image_loss"] > 0 and trained[0]["masked_patches"] > 0 and trained[0]["truncated_items"] == 0
+    terms = sum(trained[0][name] or 0 for name in ("masked_loss", "contrastive_loss", "image_loss"))
+    assert trained[0]["loss"] == pytest.approx(terms, rel=1e-5)  # the default weights are one
+    (events,) = glob.glob(str(folder / "tensorboard" / "events.out.tfevents.*"))
+    tags = set(dict(read_events(events))[1])
+    assert {"loss/image_loss", "batch/masked_patches", "batch/truncated_items", "time/host_seconds",
+            "contrastive/inverse_temperature/0"} <= tags
+    assert "loss/video_loss" not in tags  # a term that did not run logs nothing
+    assert [line["step"] for line in read_log(folder) if "evaluation" in line] == [2]
+
+
+def test_an_image_the_library_cannot_decode_is_one_bad_record_named_by_its_location(tmp_path, capsys):
+    photos = write_photos(tmp_path / "photos", 12, broken={3})
+    write_photos(tmp_path / "held-out-photos", 4, broken={51}, start=50)
+    config = photos_config(tmp_path)
+    assert cli.main(["train", config]) == 0
+    log = read_log(tmp_path / "runs" / "photos")
+    assert not [line for line in log if "refused_batch" in line]
+    (bad,) = [line["bad_record"] for line in log if "bad_record" in line]
+    assert re.match(rf"{re.escape(photos)}:p03: 'jpg;png;webp': not a readable PNG image", bad)
+    first = [line for line in log if "loss" in line][0]
+    assert first["items"] == 2 * 6 - 2  # six pictures fill the rows; the broken one's pair left out, the rest trained
+    (held_out,) = [line["held_out_bad_records"] for line in log if "held_out_bad_records" in line]
+    assert held_out[0].startswith(f"{tmp_path / 'held-out-photos'}:p51: 'jpg;png;webp': not a readable PNG")
+    assert [line["step"] for line in log if "evaluation" in line] == [2]
+
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "photos" / "checkpoints" / "*.safetensors"))
+    capsys.readouterr()
+    assert cli.main(["embed", checkpoint, photos, str(tmp_path / "out.npy"), "--column", "png"]) == 1
+    assert re.search(rf"uform embed: {re.escape(photos)}:p03: 'png': not a readable PNG", capsys.readouterr().err)
+
+    refusing = photos_config(tmp_path, evaluation=False, **{"[data]": "[data]\nbad_records = \"refuse\""})
+    shutil.rmtree(tmp_path / "runs")
+    assert cli.main(["train", refusing]) == 1
+    assert re.search(rf"uform train: {re.escape(photos)}:p03: 'jpg;png;webp': not a readable PNG", capsys.readouterr().err)
+
+
+def test_a_dataset_whose_every_record_is_bad_stops_with_the_reasons(run, tmp_path, capsys):
+    config = run(**{'answer = "text"': 'answer = "image"', '[evaluation]\npaths = ["held-out.jsonl"]\nevery_steps = 4': ""})
+    started = time.monotonic()
+    assert cli.main(["train", config]) == 1
+    assert time.monotonic() - started < 20
+    error = capsys.readouterr().err
+    assert re.search(r"data.paths: a whole epoch of .*train.jsonl made no usable batch: 60 bad records; the first: "
+                     r".*train.jsonl:\d+: 'answer' names no file \('\d+, the square of \d+'\); a column declared image holds a path",
+                     error), error
+    assert len(read_log(tmp_path / "runs" / "pairs")) < 100
+
+
+def test_sigterm_before_the_first_step_saves_nothing_and_says_so(run, tmp_path, monkeypatch, capsys):
+    opened = cli.open_executor
+
+    def open_then_signal(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # while the trainer is being built: no step has run
+        return opened(*args)
+
+    monkeypatch.setattr(cli, "open_executor", open_then_signal)
+    config = run()
+    assert cli.main(["train", config]) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM at step 0; nothing saved yet" in capsys.readouterr().err
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
+
+
+def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
+    cases = [(["train", run("resume", **{"seed = 3": 'seed = 3\nresume = "nope.safetensors"'})],
+              r"trainer.resume: .*nope.safetensors: no such file"),
+             (["train", run("absent", **{'paths = ["held-out.jsonl"]': 'paths = ["absent.jsonl"]'})],
+              r"evaluation.paths\[0\]: .*absent.jsonl.*no such file"),
+             (["train", run("mislabelled", **{'[evaluation]': '[evaluation]\ncolumns = { question = "image", answer = "text" }'})],
+              r"evaluation.paths: 0 usable records; retrieval needs at least two; 12 bad, the first: "
+              r".*held-out.jsonl:0: 'question' names no file"),
+             (["info", "nope.safetensors"], r"uform info: CHECKPOINT: nope.safetensors: No such file"),
+             (["embed", "nope.safetensors", "in.jsonl", "out.npy"], r"CHECKPOINT: nope.safetensors: no such file")]
+    for argv, message in cases:
+        assert cli.main(argv) == 1
+        assert re.search(message, capsys.readouterr().err), message
+    assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
+
+
+def test_help_lists_every_section_but_the_trainers_field_by_field(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    printed = capsys.readouterr().out
+    for section, field in (("data", "shuffle_buffer"), ("evaluation", "max_records"), ("checkpoints", "every_minutes"),
+                           ("run", "threads")):
+        assert re.search(rf"^\[{section}\].*\n(  .*\n)*  {field} ", printed, re.M), section

@@ -1,8 +1,6 @@
 """uform.data: each reader on files made here, the schema checked before a step, bad records skipped or
-refused in each format, and the stream's order: keyed on the seed, shared among processes, resumed exactly.
-
-Image columns are checked up to the batch they make: the library refuses image items until its
-decoders land, and then the same batches train.
+refused in each format, and the stream's order: keyed on the seed, shared among processes, resumed exactly;
+an item the library refuses traced back to its record, and a dataset with no usable record stopped.
 """
 
 import io
@@ -318,3 +316,74 @@ def test_an_error_in_the_thread_surfaces_at_the_next_batch(tmp_path):
     empty.write_text("\n")
     with stream_of([str(empty)]) as stream, pytest.raises(uform.InvalidArgument, match="hold no records"):
         next(stream)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  A dataset with no usable record, tar files in directory order, what the library refuses         #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def test_an_epoch_without_a_usable_batch_stops_the_stream_counting_its_bad_records(tmp_path):
+    empty = write_jsonl(tmp_path / "empty-answers.jsonl", [dict(question=f"q{i}", answer=" ") for i in range(30)])
+    with stream_of([empty]) as stream, pytest.raises(
+            uform.InvalidArgument, match=r"data.paths: a whole epoch of .*empty-answers.jsonl made no usable batch: "
+                                         r"30 bad records; the first: .*:\d+: 'answer' is empty"):
+        next(stream)
+    # Records that pass the scan but whose files are missing: every batch is assembled empty.
+    texts = write_jsonl(tmp_path / "texts.jsonl", pairs(30))
+    dataset = dict(paths=[texts], columns=dict(question="image", answer="text"), shuffle_buffer=0)
+    with Stream(dataset, CONFIG) as stream:
+        with pytest.raises(uform.InvalidArgument, match=r"made no usable batch: 30 bad records; the first: "
+                                                        r".*texts.jsonl:0: 'question' names no file \('question 0\?'\)"):
+            for _ in range(40):
+                assert next(stream).batch is None
+
+
+def directory_ordered_tar(path, names):
+    """A tar of `names` in the given order, under `./` as `tar cf SHARD -C FOLDER .` writes them."""
+    with tarfile.open(path, "w") as archive:
+        for name in names:
+            data = JPEG if name.endswith(".jpg") else name.encode()
+            member = tarfile.TarInfo(f"./{name}")
+            member.size = len(data)
+            archive.addfile(member, io.BytesIO(data))
+    return str(path)
+
+
+def test_a_tar_whose_samples_are_split_apart_is_refused_suggesting_name_order(tmp_path):
+    split = directory_ordered_tar(tmp_path / "split.tar", ["emu.jpg", "gnu.jpg", "cat.jpg", "gnu.txt", "cat.txt", "emu.txt"])
+    columns = dict(jpg="image", txt="text")
+    with pytest.raises(uform.InvalidArgument, match=r"split.tar: './gnu.txt' returns to sample 'gnu' after sample "
+                                                    r"'cat'; .*tar --sort=name"):
+        Stream(dict(paths=[split], columns=columns), CONFIG)
+    ordered = directory_ordered_tar(tmp_path / "ordered.tar", ["cat.jpg", "cat.txt", "emu.jpg", "emu.txt"])
+    assert [location for location, _, _ in records(dict(paths=[ordered], columns=columns))] == [
+        f"{ordered}:cat", f"{ordered}:emu"]  # no `./` in a key
+
+
+def test_an_item_the_library_refuses_is_mapped_back_to_its_record_and_left_out(tmp_path):
+    from test_media import png_bytes
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(5):
+        png = png_bytes(rng.integers(0, 256, (20, 30, 3)).astype(np.uint8))
+        (tmp_path / f"{i}.png").write_bytes(png if i != 3 else png[:8] + bytes(40))  # a signature, then garbage
+        rows.append(dict(image=f"{i}.png", caption=f"picture {i}"))
+    path = write_jsonl(tmp_path / "captions.jsonl", rows)
+    config = dict(CONFIG, batch=dict(max_rows_per_device=16, max_columns_per_row=64))
+    dataset = dict(paths=[path], columns=dict(caption="text", image="image"), shuffle_buffer=0)
+    with Stream(dataset, config) as stream, uform.Executor.for_ram(threads=1) as cpu, \
+            uform.Trainer.init_ram(cpu, config) as trainer:
+        step = next(stream)
+        assert len(step.locations) == 5
+        with pytest.raises(uform.InvalidArgument, match=r"^batch.contents\[7\]: not a readable PNG") as refused:
+            trainer.step(step.batch)
+        retried = stream.without_refused(step, refused.value)
+        assert retried.locations == [f"{path}:{i}" for i in (0, 1, 2, 4)]
+        assert retried.bad_records == [f"{path}:3: 'image': {str(refused.value)[len('batch.contents[7]: '):]}"]
+        assert trainer.step(retried.batch).stats.items == 8
+        assert stream.without_refused(retried, uform.InvalidArgument("batch.relations: 9 edges exceed ...")) is None
+    with Stream(dict(dataset, bad_records="refuse"), config) as stream:
+        with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:3: 'image': not a readable PNG"):
+            stream.without_refused(next(stream), refused.value)

@@ -5,9 +5,10 @@
     uform info CHECKPOINT                   # geometry, step, config, tensor sizes
 
 A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
-`[trainer.batch]`, `[trainer.schedule]`, ...), `[data]` a `uform.data.Dataset`, and `[evaluation]`,
-`[checkpoints]` and `[run]` the dataclasses below. Relative paths are read from the config's folder.
-docs/tutorial.md has a complete example.
+`[trainer.batch]`, `[trainer.schedule]`, ...; docs/python.md), `[data]` a `uform.data.Dataset`, and
+`[evaluation]`, `[checkpoints]` and `[run]` are this command's own; the fields of all but `[trainer]`
+are listed below. Relative paths are read from the config's folder. docs/tutorial.md has a complete
+example.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import numpy as np
 import uform
 from .config import Modality, TrainerConfig, enum_member, normalize, real, scalar_member, unsigned
 from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
+from .data.dataset import refused_item
 from .data.readers import columns_of_first_record
+from .data.stream import UnusableEpochs
 from .errors import Error, InvalidArgument, Unsupported
 from .logs import RunLog
 
@@ -213,25 +216,29 @@ def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict
     return path
 
 
-def read_header(path: str) -> Tuple[Dict[str, str], Dict[str, Any]]:
-    """A safetensors file's `__metadata__` and its tensors' entries (dtype, shape, data_offsets)."""
-    with open(path, "rb") as file:
-        head = file.read(8)
-        if len(head) != 8:
-            raise InvalidArgument(f"{path}: too short to be a safetensors file")
-        (length,) = struct.unpack("<Q", head)
-        if length > 100 << 20:
-            raise InvalidArgument(f"{path}: a header of {length} bytes; this is no checkpoint")
-        try:
-            header = json.loads(file.read(length))
-        except ValueError as error:
-            raise InvalidArgument(f"{path}: its header is no JSON: {error}") from None
+def read_header(path: str, field_path: str = "CHECKPOINT") -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """A safetensors file's `__metadata__` and its tensors' entries (dtype, shape, data_offsets); errors
+    name `field_path`, the argument or config field that gave the path."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+            if len(head) != 8:
+                raise InvalidArgument(f"{field_path}: {path}: too short to be a safetensors file")
+            (length,) = struct.unpack("<Q", head)
+            if length > 100 << 20:
+                raise InvalidArgument(f"{field_path}: {path}: a header of {length} bytes; this is no checkpoint")
+            try:
+                header = json.loads(file.read(length))
+            except ValueError as error:
+                raise InvalidArgument(f"{field_path}: {path}: its header is no JSON: {error}") from None
+    except OSError as error:
+        raise InvalidArgument(f"{field_path}: {path}: {error.strerror or error}") from None
     metadata = header.pop("__metadata__", {}) or {}
     return metadata, header
 
 
-def checkpoint_step(path: str) -> int:
-    return int(read_header(path)[0].get("step", 0))
+def checkpoint_step(path: str, field_path: str = "CHECKPOINT") -> int:
+    return int(read_header(path, field_path)[0].get("step", 0))
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -248,14 +255,21 @@ class HeldOut:
     queries: List[Any]
     targets: List[Any]
     bad_records: List[str]
+    locations: List[str] = field(default_factory=list)
+
+    def drop(self, record: int) -> None:
+        del self.queries[record], self.targets[record], self.locations[record]
+        if len(self.queries) < 2:
+            raise InvalidArgument(f"evaluation.paths: {len(self.queries)} usable records left; retrieval needs at "
+                                  f"least two; the bad ones: {'; '.join(self.bad_records[:3])}")
 
 
 def read_held_out(evaluation: Evaluation) -> HeldOut:
     dataset = Dataset(paths=evaluation.paths, columns=evaluation.columns, format=evaluation.format)
-    check_schema(dataset, list_shards(dataset), "evaluation")
+    check_schema(dataset, list_shards(dataset, "evaluation"), "evaluation")
     names = tuple(dataset.columns)
-    queries, targets, bad = [], [], []
-    for location, values, folder in records(dataset):
+    queries, targets, bad, locations = [], [], [], []
+    for location, values, folder in records(dataset, path="evaluation"):
         if len(queries) == evaluation.max_records:
             break
         try:
@@ -265,9 +279,11 @@ def read_held_out(evaluation: Evaluation) -> HeldOut:
             continue
         queries.append(group.items[0][1])
         targets.append(group.items[1][1])
+        locations.append(location)
     if len(queries) < 2:
-        raise InvalidArgument(f"evaluation.paths: {len(queries)} usable records; retrieval needs at least two")
-    return HeldOut(names, tuple(dataset.columns.values()), queries, targets, bad)
+        why = f"; {len(bad)} bad, the first: {'; '.join(bad[:3])}" if bad else ""
+        raise InvalidArgument(f"evaluation.paths: {len(queries)} usable records; retrieval needs at least two{why}")
+    return HeldOut(names, tuple(dataset.columns.values()), queries, targets, bad, locations)
 
 
 def retrieval(queries: np.ndarray, targets: np.ndarray) -> Dict[str, float]:
@@ -279,16 +295,36 @@ def retrieval(queries: np.ndarray, targets: np.ndarray) -> Dict[str, float]:
             "mrr": float((1.0 / (ranks + 1)).mean())}
 
 
-def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held_out: HeldOut) -> Dict[str, Dict]:
-    """Retrieval both ways with the trainer's weights as they are, through a weights-only copy."""
+def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held_out: HeldOut,
+             refuse: bool = False) -> Tuple[Dict[str, Dict], List[str]]:
+    """Retrieval both ways with the trainer's weights as they are, through a weights-only copy, and the
+    held-out records the library refused this time (an item it cannot decode). Such a record is dropped
+    from `held_out` for good and the embedding retried; under `refuse` it stops the run, named."""
     path = os.path.join(folder, "evaluation.safetensors")
     trainer.save(path, weights_only=True)
+    dropped: List[str] = []
     with uform.Encoder.load(path, executor) as encoder:
-        queries = encoder.embed([held_out.modalities[0]] * len(held_out.queries), held_out.queries).to_float32()
-        targets = encoder.embed([held_out.modalities[1]] * len(held_out.targets), held_out.targets).to_float32()
+        while True:
+            side = 0
+            try:
+                queries = encoder.embed([held_out.modalities[0]] * len(held_out.queries), held_out.queries).to_float32()
+                side = 1
+                targets = encoder.embed([held_out.modalities[1]] * len(held_out.targets), held_out.targets).to_float32()
+                break
+            except InvalidArgument as error:
+                found = refused_item(error)
+                if found is None:
+                    raise
+                record, why = found
+                message = f"{held_out.locations[record]}: {held_out.names[side]!r}: {why}"
+                if refuse:
+                    raise BadRecord(message) from None
+                dropped.append(message)
+                held_out.bad_records.append(message)
+                held_out.drop(record)
     forward, backward = held_out.names, held_out.names[::-1]
     return {f"{forward[0]}->{forward[1]}": retrieval(queries, targets),
-            f"{backward[0]}->{backward[1]}": retrieval(targets, queries)}
+            f"{backward[0]}->{backward[1]}": retrieval(targets, queries)}, dropped
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -326,14 +362,33 @@ class _Stop:
             signal.signal(number, handler)
 
 
-_LOSSES = ("loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss")
+def step_scalars(stats: uform.Stats) -> Tuple[Dict[str, Any], Dict[str, float]]:
+    """Every field a step reports but its number: as they are for `log.jsonl` (a term that did not run
+    reads NaN, written null), and as TensorBoard tags: each loss under `loss/`, the counts under `batch/`,
+    the per-group temperatures under `contrastive/`, times under `time/`; TensorBoard keeps the finite."""
+    record, scalars = {}, {}
+    for name, value in dict(stats).items():
+        if name == "step":
+            continue
+        record[name] = value
+        if isinstance(value, list):  # one per temperature group
+            singular = {"inverse_temperatures": "inverse_temperature", "biases": "bias"}.get(name, name)
+            scalars.update({f"contrastive/{singular}/{group}": entry for group, entry in enumerate(value)})
+        elif name.endswith("loss"):
+            scalars[f"loss/{name}"] = value
+        elif name.endswith("seconds"):
+            scalars[f"time/{name}"] = value
+        elif name in ("learning_rate", "grad_norm"):
+            scalars[name] = value
+        else:
+            scalars[f"batch/{name}"] = float(value)
+    return record, scalars
 
 
 def train(config_path: str) -> int:
     config = load_config(config_path)
     folder = config.run.folder
     saved_in = os.path.join(folder, "checkpoints")
-    os.makedirs(folder, exist_ok=True)
     trainer_config = dict(config.trainer)
     steps = trainer_config["schedule"]["steps"]
     cursor, step = None, 0
@@ -344,19 +399,28 @@ def train(config_path: str) -> int:
             cursor = json.load(file)["cursor"]
         trainer_config["resume"] = latest
     elif trainer_config.get("resume"):
-        step = checkpoint_step(trainer_config["resume"])  # a new run from another's weights: the data starts over
+        if not os.path.isfile(trainer_config["resume"]):
+            raise InvalidArgument(f"trainer.resume: {trainer_config['resume']}: no such file")
+        step = checkpoint_step(trainer_config["resume"], "trainer.resume")  # another run's weights: the data starts over
     if step >= steps:
         print(f"uform: {folder} already took its {steps} steps; raise trainer.schedule.steps to train on")
         return 0
-    # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
-    with Stream(config.data, trainer_config, cursor=cursor) as stream:
-        held_out = read_held_out(config.evaluation) if config.evaluation else None
-        executor, init = open_executor(config.run.device, config.run.threads)
-        with executor, init(executor, trainer_config) as trainer:
-            return _train_loop(config, trainer, executor, stream, held_out, step, steps, trainer_config.get("resume"))
+    # SIGINT and SIGTERM from here on stop the run cleanly, even before its first step.
+    stop = _Stop()
+    try:
+        # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
+        with Stream(config.data, trainer_config, cursor=cursor) as stream:
+            held_out = read_held_out(config.evaluation) if config.evaluation else None
+            executor, init = open_executor(config.run.device, config.run.threads)
+            with executor, init(executor, trainer_config) as trainer:
+                os.makedirs(folder, exist_ok=True)  # only now that the library took the config too
+                return _train_loop(config, trainer, executor, stream, held_out, step, steps, trainer_config.get("resume"),
+                                   cursor, stop)
+    finally:
+        stop.restore()
 
 
-def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed) -> int:
+def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed, cursor, stop) -> int:
     import tqdm  # only the command draws a bar
 
     every, saved_in = config.checkpoints, os.path.join(config.run.folder, "checkpoints")
@@ -364,38 +428,35 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed))
     if held_out and held_out.bad_records:
         log.write(dict(step=step, held_out_bad_records=held_out.bad_records))
+    unusable = UnusableEpochs([path for path, _ in stream.shards], cursor)
     saved_step, saved_time, cursor, bad = step, time.monotonic(), None, 0
     evaluated_step = None
-    stop = _Stop()
     bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=None)
     try:
         while step < steps and stop.signal is None:
             waiting = time.perf_counter()
             batch = next(stream)
             data_seconds = time.perf_counter() - waiting
+            bad_before = bad
+            cursor = batch.cursor
+            computing = time.perf_counter()
+            stats, batch, refused = _step(config, trainer, stream, batch)
             for message in batch.bad_records:
                 log.write(dict(step=step, bad_record=message))
-            bad += len(batch.bad_records)
-            cursor = batch.cursor
-            if batch.batch is None:
-                continue
-            computing = time.perf_counter()
-            try:
-                stats = trainer.deferred().step(batch.batch).wait()
-            except InvalidArgument as error:  # what only the library could judge, such as an image it cannot decode
-                if config.data.bad_records == "refuse":
-                    raise InvalidArgument(f"{error} (in the batch of {', '.join(batch.locations)})") from None
-                log.write(dict(step=step, refused_batch=str(error), locations=batch.locations))
-                bad += len(batch.locations)
+            reasons = list(batch.bad_records)
+            if refused is not None:
+                log.write(dict(step=step, refused_batch=refused, locations=batch.locations))
+                reasons.append(f"the batch of {batch.locations[0]} and {len(batch.locations) - 1} more: {refused}")
+            bad += len(batch.bad_records) + (len(batch.locations) if refused is not None else 0)
+            unusable.note(cursor, stats is not None, bad - bad_before, reasons)
+            if stats is None:
                 continue
             step_seconds = time.perf_counter() - computing
-            stats = stats.stats
             step = stats.step
-            record = {name: stats[name] for name in _LOSSES + ("learning_rate", "grad_norm", "items", "tokens", "skipped")}
+            record, scalars = step_scalars(stats)
             log.write(dict(step=step, **record, data_seconds=data_seconds, step_seconds=step_seconds),
-                      {**{f"loss/{name}": stats[name] for name in _LOSSES}, "learning_rate": stats.learning_rate,
-                       "grad_norm": stats.grad_norm, "time/data_seconds": data_seconds,
-                       "time/step_seconds": step_seconds, "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)})
+                      {**scalars, "time/data_seconds": data_seconds, "time/step_seconds": step_seconds,
+                       "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)})
             bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
                             bad=bad, refresh=False)
             bar.update(step - bar.n)
@@ -404,34 +465,57 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                 save_checkpoint(trainer, saved_in, step, cursor, every.keep)
                 saved_step, saved_time = step, time.monotonic()
             if held_out and config.evaluation.every_steps and step % config.evaluation.every_steps == 0:
-                _evaluate(trainer, executor, config.run.folder, held_out, log, step)
+                _evaluate(trainer, executor, config, held_out, log, step)
                 evaluated_step = step
     finally:
         bar.close()
-        stop.restore()
     with log:
         return _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad)
 
 
+def _step(config, trainer, stream, batch):
+    """Trains on `batch`: (the step's stats, or None where nothing trained; the batch as it ended; why the
+    library refused it as a whole, or None). A record the library refuses (an image it cannot decode) is
+    bad: under `bad_records = "skip"` it is left out and the batch retried without it, so the batch's good
+    records still train; under "refuse" it stops the run, named."""
+    while batch.batch is not None:
+        try:
+            return trainer.deferred().step(batch.batch).wait().stats, batch, None
+        except InvalidArgument as error:  # what only the library could judge
+            retried = stream.without_refused(batch, error)  # raises BadRecord under "refuse"
+            if retried is not None:
+                batch = retried
+                continue
+            if config.data.bad_records == "refuse":
+                raise InvalidArgument(f"{error} (in the batch of {', '.join(batch.locations)})") from None
+            return None, batch, str(error)
+    return None, batch, None
+
+
 def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad) -> int:
-    """Saves what the last checkpoint lacks; then reports a stop, or evaluates the end of the run."""
+    """Saves what the last checkpoint lacks; then reports a stop, or evaluates the end of the run. A stop
+    before the first step saves nothing: a checkpoint of step 0 would hold only what a new start makes."""
     saved_in = os.path.join(config.run.folder, "checkpoints")
     if cursor is not None and step != saved_step:
         save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
     if stop.signal is not None:
         name = signal.Signals(stop.signal).name
-        print(f"uform: stopped by {name} at step {step}; `uform train {config.path}` resumes from "
-              f"{checkpoints_in(saved_in)[-1][1]}", file=sys.stderr)
+        complete = checkpoints_in(saved_in)
+        then = (f"`uform train {config.path}` resumes from {complete[-1][1]}" if complete
+                else f"nothing saved yet; `uform train {config.path}` starts over")
+        print(f"uform: stopped by {name} at step {step}; {then}", file=sys.stderr)
         return 128 + stop.signal
     if held_out and evaluated_step != step:
-        _evaluate(trainer, executor, config.run.folder, held_out, log, step)
+        _evaluate(trainer, executor, config, held_out, log, step)
     print(f"uform: trained to step {step}; checkpoints in {saved_in}, log in {log.path}"
           + (f"; {bad} bad records skipped" if bad else ""))
     return 0
 
 
-def _evaluate(trainer, executor, folder, held_out, log, step) -> None:
-    metrics = evaluate(trainer, executor, folder, held_out)
+def _evaluate(trainer, executor, config, held_out, log, step) -> None:
+    metrics, dropped = evaluate(trainer, executor, config.run.folder, held_out, config.data.bad_records == "refuse")
+    if dropped:
+        log.write(dict(step=step, held_out_bad_records=dropped))
     log.write(dict(step=step, evaluation=metrics),
               {f"evaluation/{direction}/{name}": value for direction, values in metrics.items()
                for name, value in values.items()})
@@ -460,6 +544,10 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
           layout: Optional[str], scalar: str, device: str, threads: Optional[int], chunk: int) -> int:
     if not output.endswith((".npy", ".parquet")):
         raise InvalidArgument(f"OUTPUT: {output!r} ends in neither .npy nor .parquet")
+    if not os.path.isfile(checkpoint):
+        raise InvalidArgument(f"CHECKPOINT: {checkpoint}: no such file")
+    if not os.path.exists(source):
+        raise InvalidArgument(f"INPUT: {source}: no such file or folder")
 
     if column is None:
         shards = list_shards(normalize_dataset(dict(paths=[source], columns={"_": "text"}, format=layout)))
@@ -475,7 +563,13 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
     locations, chunks, pending = [], [], []
 
     def flush(encoder):
-        rows = encoder.embed([kind] * len(pending), [value for _, value in pending], scalar)
+        try:
+            rows = encoder.embed([kind] * len(pending), [value for _, value in pending], scalar)
+        except InvalidArgument as error:  # an item only the library could judge, such as an image it cannot decode
+            found = refused_item(error)
+            if found is None:
+                raise
+            raise BadRecord(f"{pending[found[0]][0]}: {column!r}: {found[1]}") from None
         chunks.append(np.array(rows))  # a copy: the rows are views valid until the next call
         locations.extend(location for location, _ in pending)
         pending.clear()
@@ -516,9 +610,9 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
 
 def describe(path: str) -> Dict[str, Any]:
     """What `uform info` prints: the checkpoint's step, geometry, config and tensors, and its cursor if any."""
-    metadata, tensors = read_header(path)
+    metadata, tensors = read_header(path, "CHECKPOINT")
     if "config" not in metadata:
-        raise InvalidArgument(f"{path}: its __metadata__ holds no config; it is no uform checkpoint")
+        raise InvalidArgument(f"CHECKPOINT: {path}: its __metadata__ holds no config; it is no uform checkpoint")
     config = json.loads(metadata["config"])
     moments = ("adamw.first.", "adamw.second.")
     weights = {name: entry for name, entry in tensors.items() if not name.startswith(moments)}
@@ -563,8 +657,25 @@ def info(path: str, as_json: bool) -> int:
 # ---------------------------------------------------------------------------------------------- #
 
 
+def sections_help() -> str:
+    """The fields of each config section but `[trainer]`, with their defaults and what they mean."""
+    lines = []
+    for name, kind in (("data", Dataset), ("evaluation", Evaluation), ("checkpoints", Checkpoints), ("run", Run)):
+        title = f"[{name}]" + (" (uform.data.Dataset; docs/data.md)" if kind is Dataset else "")
+        lines.append(f"{title}: {kind.__doc__.strip().splitlines()[0]}")
+        for f in dataclasses.fields(kind):
+            default = (f.default if f.default is not dataclasses.MISSING
+                       else f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            given = "required" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
+                else f"default {json.dumps(default)}" if default not in (None, {}) else "optional"
+            lines.append(f"  {f.name:<20} {f.metadata['doc']} ({given})")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="uform", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="uform", description=__doc__, epilog=sections_help(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"uform {uform.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     training = commands.add_parser("train", help="train from a TOML config, resuming from its run folder's latest checkpoint")

@@ -8,10 +8,12 @@ with their location, or refused.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -107,17 +109,19 @@ def _modalities(value: Any, path: str, required: bool) -> Dict[str, Modality]:
 # ---------------------------------------------------------------------------------------------- #
 
 
-def list_shards(dataset: Dataset) -> List[Tuple[str, str]]:
-    """Every shard as (path, layout), in the order the paths list them, each pattern's matches sorted."""
+def list_shards(dataset: Dataset, path: str = "data") -> List[Tuple[str, str]]:
+    """Every shard as (path, layout), in the order the paths list them, each pattern's matches sorted.
+    Errors name `{path}.paths[i]`, `path` being the config section the dataset came from."""
     shards = []
     for number, entry in enumerate(dataset.paths):
+        field_path = f"{path}.paths[{number}]"
         matches = sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]
         if not matches:
-            raise InvalidArgument(f"data.paths[{number}]: {entry!r} matches no file")
+            raise InvalidArgument(f"{field_path}: {entry!r} matches no file")
         for match in matches:
             if not os.path.exists(match):
-                raise InvalidArgument(f"data.paths[{number}]: {match!r}: no such file or folder")
-            shards.append((match, shard_format(match, dataset.format)))
+                raise InvalidArgument(f"{field_path}: {match!r}: no such file or folder")
+            shards.append((match, shard_format(match, dataset.format, field_path)))
     return shards
 
 
@@ -140,6 +144,9 @@ def check_schema(dataset: Dataset, shards: List[Tuple[str, str]], path: str = "d
             continue  # an empty shard has no records to be wrong
         for field_path, column in wanted:
             if not any(name in offered for name in column.split(";")):
+                if layout == "tar":  # a sample split apart explains a missing file better: read_tar names it
+                    for _ in READERS["tar"](path):
+                        pass
                 where = "header" if layout in ("csv", "parquet") else "first record"
                 noun = "file" if layout in ("tar", "folder") else "column"
                 raise InvalidArgument(f"{field_path}: {path}'s {where} has no {noun} {column!r} "
@@ -162,6 +169,7 @@ class Group:
     choices: Optional[bytes] = None
     choice_targets: Optional[List[float]] = None
     folder: str = ""
+    columns: List[str] = field(default_factory=list)  # the column each item came from, to name it when it is bad
 
 
 def make_group(dataset: Dataset, location: str, values: Any, folder: str) -> Group:
@@ -169,12 +177,14 @@ def make_group(dataset: Dataset, location: str, values: Any, folder: str) -> Gro
     if values is None:
         raise BadRecord(f"{location}: not a record (a line that is no JSON object?)")
     items = [(modality, _value(values, column, modality, location)) for column, modality in dataset.columns.items()]
+    columns = list(dataset.columns)
     positives = len(items)
     for column, modality in dataset.negatives.items():
         value = pick(values, column)
         for entry in value if isinstance(value, list) else [value]:
             items.append((modality, _checked(entry, column, modality, location)))
-    group = Group(location, items, positives, folder=folder)
+            columns.append(column)
+    group = Group(location, items, positives, folder=folder, columns=columns)
     if dataset.weight is not None:
         group.weight = _weight(pick(values, dataset.weight), location, dataset.weight)
     if dataset.choices is not None:
@@ -246,24 +256,46 @@ def load_media(group: Group) -> Group:
     """The group with every media value read into bytes; `BadRecord` for a file that is missing or of
     another kind than its column's modality."""
     items = []
-    for modality, value in group.items:
+    for index, (modality, value) in enumerate(group.items):
         if modality is not Modality.TEXT:
+            named = f"{group.location}: {column_of(group, index)!r}"
             try:
                 value = read_media(value, group.folder)
             except (OSError, TypeError) as error:
-                raise BadRecord(f"{group.location}: {error}") from None
+                if isinstance(error, FileNotFoundError) and isinstance(value, str):  # often text in a media column
+                    shown = value if len(value) <= 60 else value[:57] + "..."
+                    raise BadRecord(f"{named} names no file ({shown!r}); a column declared {modality.value} "
+                                    "holds a path or the file's bytes") from None
+                raise BadRecord(f"{named}: {error}") from None
             kind = media_kind(value[:16])
             if kind != modality.value:
-                raise BadRecord(f"{group.location}: {len(value)} bytes that are no {modality.value} file "
+                raise BadRecord(f"{named}: {len(value)} bytes that are no {modality.value} file "
                                 f"{'(an empty file)' if not value else f'(they begin {value[:8]!r})'}")
         items.append((modality, value))
-    return Group(group.location, items, group.positives, group.weight, group.choices, group.choice_targets, group.folder)
+    return dataclasses.replace(group, items=items)
 
 
-def records(dataset: Any, start: Tuple[int, int] = (0, 0)) -> Iterator[Tuple[str, Any, str]]:
-    """Every record of the dataset in file order, as (location, values, folder), from (shard, offset)."""
-    dataset = normalize_dataset(dataset)
-    shards = list_shards(dataset)
+def column_of(group: Group, item: int) -> str:
+    """The column the group's `item`-th item came from."""
+    return group.columns[item] if item < len(group.columns) else f"item {item}"
+
+
+_ITEM_FIELD = re.compile(r"^batch\.(?:contents|modalities|bags|sides|choices|choice_targets|temperature_groups)\[(\d+)\]"
+                         r"(?:\[\d+\])?: ")
+
+
+def refused_item(error: BaseException) -> Optional[Tuple[int, str]]:
+    """(item, why) when the library refused a batch for one of its items (`batch.contents[20]: not a readable
+    PNG image: ...`), the item counted over the whole batch as given; None when it faults the batch as a whole."""
+    match = _ITEM_FIELD.match(str(error))
+    return (int(match.group(1)), str(error)[match.end():]) if match else None
+
+
+def records(dataset: Any, start: Tuple[int, int] = (0, 0), path: str = "data") -> Iterator[Tuple[str, Any, str]]:
+    """Every record of the dataset in file order, as (location, values, folder), from (shard, offset);
+    errors name `{path}.paths[i]`."""
+    dataset = normalize_dataset(dataset, path)
+    shards = list_shards(dataset, path)
     texts = text_columns(dataset)
     for number in range(start[0], len(shards)):
         path, layout = shards[number]

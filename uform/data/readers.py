@@ -38,7 +38,7 @@ class FileSlice:
             return file.read(-1 if self.size is None else self.size)
 
 
-def shard_format(path: str, given: Optional[str]) -> str:
+def shard_format(path: str, given: Optional[str], field_path: str = "data.paths") -> str:
     """The layout of one shard: `given`, or what its extension (or being a folder) says."""
     if given is not None:
         return given
@@ -46,8 +46,9 @@ def shard_format(path: str, given: Optional[str]) -> str:
         return "folder"
     extension = os.path.splitext(path)[1].lower()
     if extension not in _EXTENSIONS:
-        raise InvalidArgument(f"data.paths: {path!r} has no known extension ({', '.join(sorted(_EXTENSIONS))}) "
-                              "and is no folder; name its layout in data.format")
+        section = field_path.split(".")[0]
+        raise InvalidArgument(f"{field_path}: {path!r} has no known extension ({', '.join(sorted(_EXTENSIONS))}) "
+                              f"and is no folder; name its layout in {section}.format")
     return _EXTENSIONS[extension]
 
 
@@ -146,18 +147,27 @@ def _sample(key: str, files: Dict[str, Any], text_columns: Tuple[str, ...], read
 
 def read_tar(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """Consecutive members sharing a key make a record, as WebDataset writes them. Members are found
-    by their headers alone: a skipped or foreign record's data is never read."""
+    by their headers alone: a skipped or foreign record's data is never read. A leading `./` (as
+    `tar -C folder .` writes) is no part of a key. A key that comes back after another sample's files
+    is refused: the archive was written in directory order, not with each sample's files together."""
     with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r:") as archive:
         def read(where: FileSlice) -> bytes:
             file.seek(where.offset)
             return file.read(where.size)
 
-        number, key, files = -1, None, {}
+        number, key, files, ended = -1, None, {}, set()
         for member in archive:
             if not member.isfile():
                 continue
-            member_key, extension = split_key(member.name)
+            name = member.name[2:] if member.name.startswith("./") else member.name
+            member_key, extension = split_key(name)
             if member_key != key:
+                if member_key in ended:
+                    raise InvalidArgument(
+                        f"{path}: {member.name!r} returns to sample {member_key!r} after sample {key!r}; a sample's "
+                        "files must stand together: write the shard in name order, "
+                        "`tar --sort=name -cf SHARD.tar -C FOLDER .`")
+                ended.add(key)
                 if number >= start:
                     yield _sample(key, files, text_columns, read)
                 number, key, files = number + 1, member_key, {}

@@ -11,6 +11,9 @@ Every process reads the same sequence, which does not depend on how many process
    epoch's last batch ends with it, so a batch never holds one record twice.
 4. Process `i` of `n` trains on device batches `i`, `i + n`, `i + 2n`, ... of that sequence.
 
+A whole epoch that makes no usable batch (every record bad) stops the stream with an error that counts
+the bad records and gives the first reasons, rather than reading the bad records forever.
+
 Every process scans every record's framing and text, but reads the media files only of its own
 batches. A step's cursor is where the next step's first device batch starts: (epoch, shard, offset of
 the block in that shard, records of the block already taken). Saved beside a checkpoint, it lets a run
@@ -25,15 +28,15 @@ import os
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..batch import Edges, Tape
 from ..config import Modality, normalize_trainer_config, unsigned
 from ..errors import InvalidArgument
-from .dataset import (BadRecord, Dataset, Group, check_schema, list_shards, load_media, make_group, normalize_dataset,
-                      text_columns)
+from .dataset import (BadRecord, Dataset, Group, check_schema, column_of, list_shards, load_media, make_group,
+                      normalize_dataset, refused_item, text_columns)
 from .readers import READERS
 
 _CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")
@@ -45,13 +48,46 @@ class StepBatch:
 
     `batch` is a `TrainerBatch` dict for `trainer.step`, or None when every group of this process's
     share was bad. `cursor` (a dict of plain values) resumes the stream after this step. `locations`
-    name the batch's groups, `bad_records` the records found bad while making it.
+    name the batch's groups, `bad_records` the records found bad while making it, and `groups` are
+    the groups themselves (media read), the batch's items in their order.
     """
 
     batch: Optional[Dict[str, Any]]
     cursor: Dict[str, Any]
     locations: List[str] = field(default_factory=list)
     bad_records: List[str] = field(default_factory=list)
+    groups: List[Group] = field(default_factory=list)
+
+
+_REASONS = 3  # the bad records an error about a whole epoch quotes
+
+
+class UnusableEpochs:
+    """Notices a whole epoch that made no usable batch, so a dataset whose every record is bad stops with
+    an error naming its paths, counting its bad records and quoting the first, instead of being read
+    forever. `note` each stretch of the stream in order, with the cursor after it."""
+
+    def __init__(self, paths: Sequence[str], cursor: Optional[Dict[str, Any]] = None, field_path: str = "data.paths") -> None:
+        self.paths, self.field_path = list(paths), field_path
+        self.last = dict(cursor or dict(epoch=0, shard=0, offset=0, skip=0))
+        self.since: Optional[Dict[str, Any]] = None
+        self.bad, self.reasons = 0, []
+
+    def note(self, cursor: Dict[str, Any], usable: bool, bad: int = 0, reasons: Sequence[str] = ()) -> None:
+        begun, self.last = self.last, cursor
+        if usable:
+            self.since, self.bad, self.reasons = None, 0, []
+            return
+        if self.since is None:
+            self.since = begun
+        self.bad += bad
+        self.reasons += list(reasons[:max(0, _REASONS - len(self.reasons))])
+        at_an_epochs_start = all(self.since.get(name, 0) == 0 for name in ("shard", "offset", "skip"))
+        if cursor["epoch"] >= self.since["epoch"] + (1 if at_an_epochs_start else 2):
+            shown = ", ".join(self.paths[:3]) + (f" and {len(self.paths) - 3} more" if len(self.paths) > 3 else "")
+            first = f"; the first: {'; '.join(self.reasons)}" if self.reasons else ""
+            raise InvalidArgument(f"{self.field_path}: a whole epoch of {shown} made no usable batch: "
+                                  f"{self.bad} bad records{first}")
 
 
 class _Capacity:
@@ -202,11 +238,17 @@ class Stream:
         """Groups packed into device batches, each with the position of its first record and the bad
         records met before the next batch's first."""
         capacity, groups, start, bad = self.capacity, [], None, []
+        unusable = UnusableEpochs([path for path, _ in self.shards], self.start)
+        packed, bad_in_epoch, reasons = False, 0, []  # since the epoch began
         for position, record in self._positioned():
             if record is None:  # an epoch ends its last batch, which so never holds a record twice
                 if groups:
                     yield start, groups, bad
-                groups, bad = [], []
+                    bad = []
+                groups = []
+                epoch, shard, offset, skip = position
+                unusable.note(dict(epoch=epoch, shard=shard, offset=offset, skip=skip), packed, bad_in_epoch, reasons)
+                packed, bad_in_epoch, reasons = False, 0, []
                 continue
             location, values, folder = record
             try:
@@ -226,9 +268,11 @@ class Stream:
                     raise BadRecord(f"{location}: its {len(lengths)} items do not fit one device's step "
                                     f"({capacity.rows} rows of {capacity.columns} columns, {capacity.segments} segments, "
                                     f"{capacity.edges} edges)")
-                groups, start = [group], position
+                groups, start, packed = [group], position, True
             except BadRecord as error:
                 self._bad(error, bad)
+                bad_in_epoch += 1
+                reasons = reasons if len(reasons) == _REASONS else reasons + [str(error)]
 
     def _bad(self, error: BadRecord, bad: List[str]) -> None:
         if self.dataset.bad_records == "refuse":
@@ -245,11 +289,14 @@ class Stream:
         step_bad: List[str] = []
         own: Optional[List[Group]] = None
         first = self.start["batch"]
+        unusable = UnusableEpochs([path for path, _ in self.shards], self.start)
         for number, (start, groups, bad) in enumerate(self._device_batches()):
             if number and number % self.count == 0:
                 epoch, shard, offset, skip = start
                 cursor = dict(self.start, epoch=epoch, shard=shard, offset=offset, skip=skip, batch=first + number)
-                yield self._assemble(own or [], cursor, step_bad)
+                step = self._assemble(own or [], cursor, step_bad)
+                unusable.note(cursor, step.batch is not None or not own, len(step.bad_records), step.bad_records)
+                yield step
                 step_bad, own = [], None
             step_bad += bad
             if number % self.count == self.index:
@@ -263,7 +310,31 @@ class Stream:
             except BadRecord as error:
                 self._bad(error, bad)
         return StepBatch(assemble(loaded, self.dataset) if loaded else None, cursor,
-                         [group.location for group in loaded], bad)
+                         [group.location for group in loaded], bad, loaded)
+
+    def without_refused(self, step: StepBatch, error: BaseException) -> Optional[StepBatch]:
+        """After `trainer.step(step.batch)` refused `error`: when it names one of the batch's items
+        (`batch.contents[20]: not a readable PNG image`), the record that item came from is bad. Under
+        `bad_records = "skip"` answers the step without that record (its `batch` None when it was the
+        only one), the record's location and the library's reason added to `bad_records`; under
+        "refuse" raises `BadRecord` naming it. None when the error faults the batch as a whole."""
+        found = refused_item(error)
+        if found is None or not step.groups:
+            return None
+        item, why = found
+        group = 0
+        while group < len(step.groups) and item >= len(step.groups[group].items):
+            item -= len(step.groups[group].items)
+            group += 1
+        if group == len(step.groups):
+            return None
+        bad = step.groups[group]
+        message = f"{bad.location}: {column_of(bad, item)!r}: {why}"
+        bad_records = list(step.bad_records)
+        self._bad(BadRecord(message), bad_records)
+        kept = step.groups[:group] + step.groups[group + 1:]
+        return StepBatch(assemble(kept, self.dataset) if kept else None, step.cursor, [g.location for g in kept],
+                         bad_records, kept)
 
     # -- the thread ahead of the steps --------------------------------------------------------- #
 
