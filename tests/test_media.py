@@ -765,3 +765,22 @@ def test_video_threads_decode_alike(tmp_path):
         together = list(pool.map(lambda item: video(item)[0], items * 3))
     for i, tubelets in enumerate(together):
         np.testing.assert_array_equal(tubelets, alone[i % len(items)])
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Fuzzing's findings, replayed                                                                   #
+# ---------------------------------------------------------------------------------------------- #
+
+FINDINGS = os.path.join(os.path.dirname(__file__), "..", "fuzz", "corpus", "media")
+
+
+@pytest.mark.parametrize("name", sorted(name for name in os.listdir(FINDINGS) if name.startswith("finding-")))
+def test_fuzz_findings_refused(name):
+    """Each input that once found a bug (fuzz/RESULTS.md) is now refused by name, allocating little."""
+    with open(os.path.join(FINDINGS, name), "rb") as file:
+        data = file.read()[6:]  # the first six bytes are fuzz/media.c's choice of call
+    call = {"wav": audio, "mp4": video}[name.split("-")[1]]
+    if name.split("-")[1] not in FORMATS:
+        pytest.skip("this build does not decode the format")
+    with pytest.raises(uform.InvalidArgument, match="batch.contents"):
+        call(data)

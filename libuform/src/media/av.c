@@ -10,10 +10,13 @@
  *  concealed one) and single-threaded, since the caller already decodes items in parallel. A
  *  packet the demuxer read short (a file cut in the middle) is refused rather than decoded in part.
  *
- *  FFmpeg logs through a process-wide callback. The first decode installs one that drops messages
- *  on a thread while it decodes here and passes every other message to FFmpeg's default printer, so
- *  the library prints nothing, and a host program that uses FFmpeg itself keeps its log (unless it
- *  installs a callback of its own, which then sees ours too).
+ *  Two settings of FFmpeg's are process-wide, and the first decode makes them. Its log goes through a
+ *  callback that drops messages on a thread while it decodes here and passes every other message to
+ *  FFmpeg's default printer, so the library prints nothing, and a host program that uses FFmpeg itself
+ *  keeps its log (unless it installs a callback of its own, which then sees ours too). And one
+ *  allocation is capped at 256 MiB (`av_max_alloc`; FFmpeg's own cap is 2 GiB): demuxers size their
+ *  tables by the counts a header declares, so a 300-byte MP4 asked for 1.6 GB (fuzz/RESULTS.md,
+ *  finding 11). What uform decodes needs far less: a frame's plane is at most 2^25 pixels of 2 bytes.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +32,7 @@
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
 #include <libavutil/channel_layout.h>
+#include <libavutil/mem.h>
 #include <libavutil/opt.h>
 #include <libavutil/pixdesc.h>
 #include <libswresample/swresample.h>
@@ -36,6 +40,7 @@
 
 enum {
     uform_av_buffer_k = 1 << 16, /* bytes libavformat reads at once from the item */
+    uform_av_max_alloc_k = 1 << 28, /* the most FFmpeg allocates at once, process-wide, once media is decoded */
     uform_av_max_streams_k = 16, /* a container declaring more is not one we read */
 };
 
@@ -55,6 +60,7 @@ static void uform_av_log(void* context, int level, char const* format, va_list a
 static void uform_av_setup(void) {
     uform_av_keyed = pthread_key_create(&uform_av_quiet, NULL) == 0;
     av_log_set_callback(uform_av_log);
+    av_max_alloc(uform_av_max_alloc_k);
 }
 
 static void uform_av_hush(int quiet) {

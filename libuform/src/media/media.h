@@ -20,7 +20,9 @@
  *
  *  Every function is reentrant: items may be decoded on several threads at once. None reads
  *  past `length`, none keeps a pointer to its inputs, and none prints: FFmpeg's log is dropped
- *  while these functions run on a thread and passed to FFmpeg's default printer otherwise.
+ *  while these functions run on a thread and passed to FFmpeg's default printer otherwise. The
+ *  first audio or video decode also caps FFmpeg's single allocations at 256 MiB for the process
+ *  (`av.c` says why).
  *
  *  Exactly what the pixels and samples go through (filters, colour conversion, normalization) is
  *  written in `docs/model.md`, "Media preprocessing".
