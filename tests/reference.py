@@ -70,6 +70,10 @@ def mask_item(data, seed, step, item, token_mask_probability=0.15, token_mean_sp
 
 Image = collections.namedtuple("Image", "patches rows columns")
 Image.__doc__ = "An image item: its patches (rows * columns, patch values) in raster order, as decoded."
+Video = collections.namedtuple("Video", "tubelets frames rows columns")
+Video.__doc__ = "A video item: its tubelets (frames * rows * columns, values) by time, then row, then column."
+Audio = collections.namedtuple("Audio", "chunks")
+Audio.__doc__ = "An audio item: its chunks (count, samples), as decoded."
 
 
 def hide_patches(count, seed, step, item, image_mask_ratio=0.75):
@@ -95,6 +99,15 @@ def rmsnorm(x, gain):
 def text_angles(tokens):
     """(tokens, 32): pair i of position t turns by t * 10000^(-2i/64)."""
     return np.arange(tokens, dtype=np.float64)[:, None] * 10000.0 ** (-2.0 * np.arange(32) / 64)
+
+
+def volume_angles(frames, rows, columns):
+    """(frames * rows * columns, 32): pairs 3k, 3k + 1, 3k + 2 turn by the tubelet's time, row and column, all
+    at 10000^(-6k/64)."""
+    time, within = np.divmod(np.arange(frames * rows * columns), rows * columns)
+    coordinates = np.stack([time, within // columns, within % columns], 1).astype(np.float64)
+    pairs = np.arange(32)
+    return coordinates[:, pairs % 3] * 10000.0 ** (-2.0 * (pairs - pairs % 3) / 64)
 
 
 def grid_angles(rows, columns):
@@ -268,28 +281,41 @@ def choose(logits, offered, targets):
 def step_losses(weights, items, *, depth, objective, seed, step, relations=None, groups=None, form="sigmoid",
                 dimensions=None, negatives="ambient", ambient_weight=1.0, masking=None, text_weight=1.0,
                 choices=None, choice_targets=None, choices_weight=1.0, sides=None, late=None, image_mask_ratio=0.75,
-                image_weight=1.0):
+                image_weight=1.0, video_mask_ratio=0.9, video_weight=1.0, audio_mask_ratio=0.5, audio_weight=1.0,
+                media=None):
     """(total, masked, contrastive, choices, late interaction, image) of one step over items, each a
     byte string (text) or an `Image`, as uform defines them. An item offering choices (bytes) ends
     with CHOICE_ID, which pooling counts and masking skips. `late` (weight, max_query_span, form)
     scores the items' `sides`: a query is cut to the span and padded up to it with QUERY_PAD_ID, and
     its rows and a document's (the choice position aside) go through the token head to unit length.
     Outside the contrastive objective an image's patches hide by keyed draws: a hidden one shows
-    MASK_ID and adds no projection, and the patch decoder regresses its normalized values there."""
+    MASK_ID and adds no projection, and the patch decoder regresses its normalized values there. Video
+    tubelets and audio chunks do the same with their own tensors, ratios and weights; `media`, a dict when
+    given, receives each kind's loss."""
     masking = masking or {}
-    states, pooled, decoded, targets, chose, scored, predicted, regressed = [], [], [], [], [], [], [], []
+    states, pooled, decoded, targets, chose, scored = [], [], [], [], [], []
+    predicted, regressed = {"image": [], "video": [], "audio": []}, {"image": [], "video": [], "audio": []}
+    ratios = dict(image=image_mask_ratio, video=video_mask_ratio, audio=audio_mask_ratio)
     for i, data in enumerate(items):
         side = sides[i] if sides else NONE
         offered = choices[i] if choices else b""
-        if isinstance(data, Image):
-            patches = np.asarray(data.patches, np.float64).reshape(data.rows * data.columns, -1)
-            hidden = np.zeros(len(patches), dtype=bool) if objective == "contrastive" else \
-                np.array(hide_patches(len(patches), seed, step, i, image_mask_ratio))
+        if isinstance(data, (Image, Video, Audio)):
+            if isinstance(data, Image):
+                kind, angles = "image", grid_angles(data.rows, data.columns)
+                values = np.asarray(data.patches, np.float64).reshape(data.rows * data.columns, -1)
+            elif isinstance(data, Video):
+                kind, angles = "video", volume_angles(data.frames, data.rows, data.columns)
+                values = np.asarray(data.tubelets, np.float64).reshape(data.frames * data.rows * data.columns, -1)
+            else:
+                values = np.asarray(data.chunks, np.float64)
+                kind, angles = "audio", text_angles(len(values))
+            hidden = np.zeros(len(values), dtype=bool) if objective == "contrastive" else \
+                np.array(hide_patches(len(values), seed, step, i, ratios[kind]))
             ids = np.where(hidden, MASK_ID, PATCH_ID)
-            added = np.where(hidden[:, None], 0.0, patches @ weights["image.projection"].T)
-            final = encode(weights, ids, depth, grid_angles(data.rows, data.columns), added)
-            predicted += list(final[hidden])
-            regressed += list(normalized_patches(patches[hidden]))
+            added = np.where(hidden[:, None], 0.0, values @ weights[f"{kind}.projection"].T)
+            final = encode(weights, ids, depth, angles, added)
+            predicted[kind] += list(final[hidden])
+            regressed[kind] += list(normalized_patches(values[hidden]))
         else:
             if side in (QUERY, BOTH):
                 data = data[:late["max_query_span"]]
@@ -313,9 +339,11 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
             scored.append(None)
         states.append(final)
         pooled.append(final.mean(0))
-    image = float("nan")
-    if predicted:
-        image = float(((np.array(predicted) @ weights["image.decoder"].T - np.array(regressed)) ** 2).mean())
+    losses = {kind: float(((np.array(predicted[kind]) @ weights[f"{kind}.decoder"].T - np.array(regressed[kind])) ** 2)
+                          .mean()) if predicted[kind] else float("nan") for kind in predicted}
+    if media is not None:
+        media.update(losses)
+    image = losses["image"]
     masked = float("nan")
     if objective != "contrastive" and targets:
         masked = cross_entropy(np.array(decoded) @ weights["text.decoder"].T, np.array(targets))
@@ -361,8 +389,9 @@ def step_losses(weights, items, *, depth, objective, seed, step, relations=None,
         parts.append(choices_weight * chose)
     if not math.isnan(late_loss):
         parts.append(late["weight"] * late_loss)
-    if not math.isnan(image):
-        parts.append(image_weight * image)
+    for kind, weight in (("image", image_weight), ("video", video_weight), ("audio", audio_weight)):
+        if not math.isnan(losses[kind]):
+            parts.append(weight * losses[kind])
     return (sum(parts) if parts else float("nan")), masked, contrastive, chose, late_loss, image
 
 

@@ -158,3 +158,67 @@ def test_image_losses_and_every_gradient_match_the_float64_reference(executor, t
         if name == "image.projection" or (name == "image.decoder" and objective != "contrastive"):
             assert abs(numeric) > 1e-6, name  # the image's own tensors moved the loss
     assert checked >= 5  # the directions really moved the loss
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Video and audio: the same, with their own projections, decoders and positions                 #
+# ---------------------------------------------------------------------------------------------- #
+
+from reference import Audio, Video  # noqa: E402
+from test_media import clip, needs, needs_format, tone, wav_bytes  # noqa: E402
+
+
+@needs("ffmpeg")
+@needs_format("mp4", "wav")
+@pytest.mark.parametrize("objective", ["joint", "contrastive"])
+def test_video_and_audio_losses_and_every_gradient_match_the_float64_reference(executor, tmp_path, objective):
+    video = clip(tmp_path, "mp4", frames=4, size="16x8")  # 2 tubelets of 2 frames x (1 x 2 patches of 8)
+    sound = wav_bytes(tone(0.05, 16000), 16000)  # 800 samples: 4 chunks of 200
+    contents = [b"a small red panda", video, b"red pandas eat bamboo", sound]
+    modalities = ["text", "video", "text", "audio"]
+    tubelets, grid = uform._testing.video_tubelets(np.frombuffer(video, np.uint8), patch_side=SIDE, tube_frames=2,
+                                                   max_tokens=COLUMNS)
+    chunks, _ = uform._testing.audio_chunks(np.frombuffer(sound, np.uint8), chunk_samples=200, max_tokens=COLUMNS)
+    items = [contents[0], Video(tubelets.reshape(len(tubelets), -1), grid["frames"], grid["rows"], grid["columns"]),
+             contents[2], Audio(chunks.reshape(len(chunks), -1))]
+    assert (grid["frames"], grid["rows"], grid["columns"], len(chunks)) == (2, 1, 2, 4)
+    relations = dict(attract=dict(offsets=[0, 1, 2, 3, 4], ids=[1, 0, 3, 2]))
+    masking = dict(video_mask_ratio=0.5, video_weight=0.7, audio_mask_ratio=0.5, audio_weight=1.3)
+    made = dict(config(objective, uform.PairLossForm.SIGMOID, None, masking),
+                batch=dict(max_rows_per_device=8, max_columns_per_row=COLUMNS, max_segments_per_device=16,
+                           video=dict(patch_side=SIDE, tube_frames=2), audio=dict(chunk_samples=200)))
+    step = dict(modalities=modalities, contents=contents, relations=relations, temperature_groups=[0, 1, 0, 1])
+    with uform.Trainer.init_ram(executor, made) as trainer:
+        for _ in range(STEP - 1):
+            trainer.step(step)
+        weights = named_weights(trainer, tmp_path, trainer._weights())
+        stats, flat_gradients = trainer._probe(step)
+        gradients = named_weights(trainer, tmp_path, flat_gradients)
+    reference = dict(depth=DEPTH, objective=objective, seed=SEED, step=STEP, relations=relations, groups=[0, 1, 0, 1],
+                     form="sigmoid", **masking)
+
+    def loss(w, media=None):
+        return step_losses(w, items, media=media, **reference)
+
+    media = {}
+    total = loss(weights, media)[0]
+    assert stats.loss == pytest.approx(total, rel=2e-4)
+    for kind in ("video", "audio"):
+        if objective == "joint":
+            assert getattr(stats, f"{kind}_loss") == pytest.approx(media[kind], rel=2e-4)
+        else:
+            assert math.isnan(getattr(stats, f"{kind}_loss")) and math.isnan(media[kind])
+    rng = np.random.default_rng(2)
+    for name in tensor_names(DEPTH):
+        direction = rng.standard_normal(weights[name].shape)
+        epsilon = 1e-5
+        plus, minus = dict(weights), dict(weights)
+        plus[name] = weights[name] + epsilon * direction
+        minus[name] = weights[name] - epsilon * direction
+        numeric = (loss(plus)[0] - loss(minus)[0]) / (2 * epsilon)
+        terms = gradients[name] * direction
+        tolerance = 2e-3 * abs(numeric) + 2e-3 * np.sqrt((terms**2).sum()) + 1e-7
+        assert abs(terms.sum() - numeric) <= tolerance, (name, terms.sum(), numeric)
+        if name in ("video.projection", "audio.projection") or (name.endswith(".decoder") and objective == "joint"
+                                                                and not name.startswith(("image", "text"))):
+            assert abs(numeric) > 1e-6, name

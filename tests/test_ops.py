@@ -306,6 +306,29 @@ def test_rope_turns_image_patches_by_row_and_column(rng):
     assert not np.allclose(text[3:5], rotated[3:5])
 
 
+def test_rope_turns_video_tubelets_by_time_row_and_column(rng):
+    """Pairs 3k, 3k + 1, 3k + 2 turn with time, row and column at 10000^(-6k/64), as docs/model.md says."""
+    tokens, hidden = 6, 128
+    times, rows, columns = np.array([0, 1, 0, 7, 4095, 3]), np.array([0, 0, 2, 5, 9, 511]), np.array([0, 3, 0, 1, 2, 511])
+    positions = (np.uint32(3 << 30) | times.astype(np.uint32) << 18 | rows.astype(np.uint32) << 9
+                 | columns.astype(np.uint32)).astype(np.uint32)
+    qkv = f32(rng, tokens, 3 * hidden)
+    pairs = np.arange(HEAD // 2)
+    frequencies = 10000.0 ** (-2.0 * (pairs - pairs % 3) / HEAD)
+    coordinates = np.stack([times, rows, columns], 1)[:, pairs % 3].astype(np.float64)
+    angles = coordinates * frequencies[None, :]
+    expected = np.array(qkv, dtype=np.float64)
+    for head in range(2 * hidden // HEAD):
+        block = expected[:, head * HEAD : (head + 1) * HEAD]
+        even, odd = block[:, 0::2].copy(), block[:, 1::2].copy()
+        block[:, 0::2] = even * np.cos(angles) - odd * np.sin(angles)
+        block[:, 1::2] = even * np.sin(angles) + odd * np.cos(angles)
+    rotated = testing.rope_forward(qkv, positions)
+    assert_close(rotated, expected)
+    assert_identical(rotated[0], qkv[0])
+    assert_close(testing.rope_backward(rotated, positions), qkv)
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention
 # ---------------------------------------------------------------------------------------------

@@ -121,6 +121,16 @@ def test_rope_of_image_patches(rng):
         close(gpu, cpu, BF16)
 
 
+def test_rope_of_video_tubelets(rng):
+    times, rows, columns = rng.integers(0, 4096, 700), rng.integers(0, 512, 700), rng.integers(0, 512, 700)
+    positions = (np.uint32(3 << 30) | times.astype(np.uint32) << 18 | rows.astype(np.uint32) << 9
+                 | columns.astype(np.uint32)).astype(np.uint32)
+    qkv = act(rng, 700, 3 * 256)
+    for operation in (testing.rope_forward, testing.rope_backward):
+        cpu, gpu = both(operation, qkv, positions)
+        close(gpu, cpu, BF16)
+
+
 def test_patch_loss(rng):
     predictions, targets = act(rng, 300, 768), rng.standard_normal((300, 768)).astype(np.float32)
     (loss, d), (gpu_loss, gpu_d) = both(testing.patch_loss, predictions, targets, 0.7)
