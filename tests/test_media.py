@@ -646,7 +646,7 @@ def test_bad_wavs_refused():
     listed = data[:36] + b"LIST" + struct.pack("<I", 1 << 30) + b"INFO" + data[36:]  # fuzz/RESULTS.md, finding 10
     with pytest.raises(uform.InvalidArgument, match="chunk 'LIST' declares 1073741824 bytes"):
         audio(listed)
-    with pytest.raises(uform.InvalidArgument, match=r"declared an audio, but the bytes are image \(png\)"):
+    with pytest.raises(uform.InvalidArgument, match=r"declared audio, but the bytes are image \(png\)"):
         audio(png_bytes(picture(4, 4)))
     with pytest.raises(uform.InvalidArgument, match="sample_rate = 0"):
         audio(data, sample_rate=0)
@@ -784,3 +784,12 @@ def test_fuzz_findings_refused(name):
         pytest.skip("this build does not decode the format")
     with pytest.raises(uform.InvalidArgument, match="batch.contents"):
         call(data)
+
+
+@needs("ffmpeg")
+@needs_format("mp4", "wav")
+def test_sound_in_a_video_container_is_refused_with_a_hint(tmp_path):
+    boxed = encode(wav_bytes(tone(0.2, 16000), 16000), tmp_path, "m4a", "-c:a", "aac")
+    with pytest.raises(uform.InvalidArgument, match=r"declared audio, but the bytes are video \(mp4\); audio is read "
+                                                    r"from WAV, FLAC, MP3 and Ogg files"):
+        audio(boxed)

@@ -145,12 +145,16 @@ uform_status_t uform_media_refuse_missing(uform_media_format_t format, char cons
 
 uform_status_t uform_media_refuse_kind(uform_media_format_t found, char const* expected, char const* field,
                                        char const** error) {
+    int audio = !strcmp(expected, "audio");
     if (found == uform_media_unknown_k)
         return uform_fail(error, uform_status_invalid_argument_k, "%s: not %s file: its first bytes match no format "
-                          "uform reads (%s)", field, expected, uform_media_formats());
+                          "uform reads (%s)", field, audio ? "an audio" : expected, uform_media_formats());
     uform_media_format_info_t const* info = &uform_media_table[found < uform_media_formats_count_k ? found : 0];
-    return uform_fail(error, uform_status_invalid_argument_k, "%s: declared %s, but the bytes are %s (%s)", field,
-                      expected, info->kind, info->name);
+    /* A container of video formats may hold sound alone; uform reads audio from audio formats only. */
+    int boxed = audio && (found == uform_media_mp4_k || found == uform_media_webm_k || found == uform_media_mkv_k);
+    return uform_fail(error, uform_status_invalid_argument_k, "%s: declared %s, but the bytes are %s (%s)%s", field,
+                      expected, info->kind, info->name,
+                      boxed ? "; audio is read from WAV, FLAC, MP3 and Ogg files, not from a video container" : "");
 }
 
 uform_status_t uform_media_check_size(size_t height, size_t width, char const* what, char const* field,
