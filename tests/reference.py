@@ -406,6 +406,24 @@ def tensor_names(depth, late=False):
     return names + (LATE_NAMES if late else [])
 
 
+def check_gradients(loss, weights, gradients, names, seed):
+    """Holds each named float32 gradient, along one random direction (drawn in `names` order from `seed`),
+    to central differences of `loss(weights)` (the float64 total); answers {name: the differences' slope}.
+    The tolerance scales with the terms' magnitude: float32 gradients against float64 differences."""
+    rng, epsilon, slopes = np.random.default_rng(seed), 1e-5, {}
+    for name in names:
+        direction = rng.standard_normal(weights[name].shape)
+        plus, minus = dict(weights), dict(weights)
+        plus[name] = weights[name] + epsilon * direction
+        minus[name] = weights[name] - epsilon * direction
+        numeric = (loss(plus) - loss(minus)) / (2 * epsilon)
+        terms = gradients[name] * direction
+        tolerance = 2e-3 * abs(numeric) + 2e-3 * np.sqrt((terms**2).sum()) + 1e-7
+        assert abs(terms.sum() - numeric) <= tolerance, (name, terms.sum(), numeric)
+        slopes[name] = numeric
+    return slopes
+
+
 def unflatten(flat, checkpoint, depth):
     """Splits the trainer's flat buffer (16-float aligned tensors, checkpoint order) into named float64 arrays."""
     tensors, offset = {}, 0
