@@ -170,3 +170,57 @@ def test_resume_names_a_changed_patch_size(cpu, tmp_path):
     with pytest.raises(uform.InvalidCheckpoint, match=r"values in an image patch \(batch\.image\.patch_side\^2 x channels\) "
                                                       r"= 192, the config asks for 768"):
         uform.Trainer.init_ram(cpu, changed)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Media decoded ahead of their step                                                               #
+# ---------------------------------------------------------------------------------------------- #
+
+
+def test_a_batch_decoded_ahead_steps_exactly_as_the_batch(cpu):
+    rng = np.random.default_rng(4)
+    steps = [pairs_step(rng, [("disk", "red"), ("bar", "green"), ("square", "blue")]) for _ in range(3)]
+    with uform.Trainer.init_ram(cpu, config()) as trainer, uform.Trainer.init_ram(cpu, config()) as twin:
+        probed, probed_ahead = trainer._probe(steps[0]), trainer._probe(trainer.decode(steps[0]))
+        assert probed[0].loss == probed_ahead[0].loss and probed[0].masked_patches == probed_ahead[0].masked_patches
+        assert np.array_equal(probed[1], probed_ahead[1])
+        for step in steps:
+            decoded = trainer.decode(step)
+            assert trainer.step(decoded).stats.loss == twin.step(step).stats.loss
+            decoded.free()
+            decoded.free()  # harmless twice
+        assert np.array_equal(trainer._weights(), twin._weights())
+        with pytest.raises(uform.InvalidHandle, match="decoded batch: used after free"):
+            trainer.step(decoded)
+        text = trainer.decode(dict(modalities=[uform.Modality.TEXT], contents=["only words"]))
+        assert np.isfinite(trainer.step(text).stats.loss)  # holds no tokens, steps as its batch
+
+
+def test_decoding_refuses_bad_media_by_item_and_another_trainers_batch(cpu):
+    good = pairs_step(np.random.default_rng(5), [("disk", "yellow")])
+    with uform.Trainer.init_ram(cpu, config()) as trainer, uform.Trainer.init_ram(cpu, config()) as other:
+        before = other._weights()
+        with pytest.raises(uform.InvalidArgument, match=r"batch\.contents\[1\]"):
+            trainer.decode(dict(good, contents=[good["contents"][0], good["contents"][1][:40]]))
+        with pytest.raises(uform.InvalidArgument, match="another trainer"):
+            other.step(trainer.decode(good))
+        assert np.array_equal(other._weights(), before)
+
+
+def test_deferred_steps_decode_one_step_ahead_on_a_thread_of_their_own(cpu, monkeypatch):
+    rng = np.random.default_rng(6)
+    steps = [pairs_step(rng, [("disk", "blue"), ("square", "red")]) for _ in range(4)]
+    steps.insert(2, dict(modalities=[uform.Modality.TEXT] * 2, contents=["words", "alone"]))
+    threads = []
+    submit = uform._Lookahead.submit
+
+    def recording(self, decode):
+        return submit(self, lambda: (threads.append(uform.threading.current_thread().name), decode())[1])
+
+    monkeypatch.setattr(uform._Lookahead, "submit", recording)
+    with uform.Trainer.init_ram(cpu, config()) as trainer, uform.Trainer.init_ram(cpu, config()) as twin:
+        deferred = [trainer.deferred().step(step) for step in steps]
+        losses = [answer.wait().stats.loss for answer in deferred]
+        assert losses == [twin.step(step).stats.loss for step in steps]
+        assert np.array_equal(trainer._weights(), twin._weights())
+    assert len(threads) == 4 and all(name.startswith("uform-decode") for name in threads)

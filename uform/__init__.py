@@ -16,6 +16,7 @@ that is awaitable and `.wait()`-able. Every native call releases the GIL.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import weakref
 from typing import Any, List, Optional, Sequence
@@ -63,6 +64,7 @@ __all__ = [
     "Mesh",
     "Trainer",
     "TrainerDeferred",
+    "Decoded",
     "Encoder",
     "EncoderDeferred",
     "Answers",
@@ -282,6 +284,94 @@ class Mesh:
         return f"<uform.Mesh{'' if self._native is not None else ' freed'}>"
 
 
+class Decoded:
+    """A batch with its media decoded by `Trainer.decode`, for `Trainer.step` in the batch's place.
+
+    Holds the batch (pinned, unchanged) and its tokens in host memory (4 bytes a value) until `free()`
+    or collection. The same `Decoded` may feed several steps.
+    """
+
+    __slots__ = ("_trainer", "_inputs", "_native")
+
+    def __init__(self, trainer: "Trainer", inputs: Any, native: Any) -> None:
+        self._trainer, self._inputs, self._native = trainer, inputs, native
+
+    def _live(self) -> Any:
+        if self._native is not None and not self._native.alive:
+            raise InvalidHandle("decoded batch: used after free()")
+        return self._native
+
+    def free(self) -> None:
+        """Lets go of the decoded tokens now; harmless when already freed. A batch of text holds none."""
+        if self._native is not None:
+            self._native.free()
+
+    def __repr__(self) -> str:
+        state = " freed" if self._native is not None and not self._native.alive else ""
+        return f"<uform.Decoded of {self._inputs.count} items{state}>"
+
+
+class _Ahead:
+    """One deferred step's decoding: started by `_Lookahead` when the step before it starts, or at once."""
+
+    __slots__ = ("_decode", "_future")
+
+    def __init__(self, decode) -> None:
+        self._decode, self._future = decode, None
+
+    def result(self) -> Any:
+        return self._future.result()
+
+
+class _Lookahead:
+    """Decodes deferred steps' media one step ahead, on a thread of its own, in submission order.
+
+    Step k's decoding starts once step k - 1 starts (at once when no media step waits before it), so
+    at most one decoded batch waits beside the running step, whatever the number submitted.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: "List[_Ahead]" = []  # submitted, not yet started
+        self._queued = 0  # media steps submitted whose step has not begun
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="uform-decode")
+
+    def submit(self, decode) -> "_Lookahead._Step":
+        ahead = _Ahead(decode)
+        with self._lock:
+            if self._queued == 0:
+                ahead._future = self._pool.submit(decode)
+            else:
+                self._waiting.append(ahead)
+            self._queued += 1
+        return _Lookahead._Step(self, ahead)
+
+    def _begin(self, ahead: _Ahead) -> None:
+        with self._lock:
+            self._queued -= 1
+            if ahead._future is None:  # a step submitted before it never ran: start it now
+                self._waiting.remove(ahead)
+                ahead._future = self._pool.submit(ahead._decode)
+            if self._waiting:
+                following = self._waiting.pop(0)
+                following._future = self._pool.submit(following._decode)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    class _Step:
+        """What a deferred step waits on: its turn starts the next one's decoding."""
+
+        __slots__ = ("_lookahead", "_ahead")
+
+        def __init__(self, lookahead: "_Lookahead", ahead: _Ahead) -> None:
+            self._lookahead, self._ahead = lookahead, ahead
+
+        def result(self) -> Any:
+            self._lookahead._begin(self._ahead)
+            return self._ahead.result()
+
+
 class Trainer:
     """One training run: the weights, the optimizer's moments and the step.
 
@@ -324,6 +414,7 @@ class Trainer:
         trainer._executor = executor
         trainer._mesh = mesh
         trainer._hidden = normalized["hidden"]
+        trainer._ahead = None
         executor._borrowers.add(trainer)
         if mesh is not None:
             mesh._borrowers.add(trainer)
@@ -356,23 +447,37 @@ class Trainer:
             raise InvalidHandle("trainer: used after free()")
         return executor._worker_thread()
 
-    def _step_call(self, batch: Any, config: Any):
-        """Checks and pins the batch, and claims its arena, now; answers the call that runs the step on the worker."""
+    def _inputs(self, batch: Any):
+        """The pinned inputs of `batch`, and its media decoded ahead when it is a `Decoded` of this trainer."""
+        if isinstance(batch, Decoded):
+            if batch._trainer is not self:
+                raise InvalidArgument("batch: a Decoded made by another trainer; decode it with this one")
+            return batch._inputs, batch._live()
+        return _native.StepInputs(normalize_batch(batch)), None
+
+    def _step_call(self, batch: Any, config: Any, lookahead: Optional["_Lookahead"] = None):
+        """Checks and pins the batch, and claims its arena, now; answers the call that runs the step on the worker.
+
+        `lookahead`, for deferred steps, decodes the batch's media while the steps submitted before it run."""
         native = self._handle()
-        inputs = _native.StepInputs(normalize_batch(batch))
+        inputs, decoded = self._inputs(batch)
         settings = normalize_step_config(config)
         arena, scalar, hidden = settings["arena"], settings["outputs_scalar"], self._hidden
         c_scalar = _native.C_ENUMS["scalar"][scalar.value]
+        ahead = None
 
         def step() -> Stepped:
             landing = None
             if arena is not None:
                 landing = arena._reserve(inputs.count * hidden * _ITEM_BYTES[scalar])
-            stats = Stats(native.step(inputs, landing, c_scalar))
+            stats = Stats(native.step(inputs, landing, c_scalar, decoded if ahead is None else ahead.result()))
             rows = None if arena is None else Rows(landing, scalar, (inputs.count, hidden))
             return Stepped(stats, rows)
 
-        return step if arena is None else arena._claim_for(step, "config.arena")
+        call = step if arena is None else arena._claim_for(step, "config.arena")
+        if lookahead is not None and decoded is None and inputs.has_media:  # last: nothing after it raises
+            ahead = lookahead.submit(lambda: native.decode(inputs))
+        return call
 
     def _save_call(self, path: Any, weights_only: Any):
         native = self._handle()
@@ -401,6 +506,17 @@ class Trainer:
         call = self._save_call(path, weights_only)
         self._worker().run(call)
 
+    def decode(self, batch: Any) -> "Decoded":
+        """Decodes the batch's images, video and audio now, on the calling thread and every core.
+
+        Runs beside a step in progress (it never waits for the trainer), so a loop can decode the next
+        batch while the device trains this one; pass the answer to `step` in the batch's place. Bad media
+        raise here, naming the item. Deferred steps do this on their own, one step ahead.
+        """
+        native = self._handle()
+        inputs = _native.StepInputs(normalize_batch(batch))
+        return Decoded(self, inputs, native.decode(inputs) if inputs.has_media else None)
+
     def deferred(self) -> "TrainerDeferred":
         """The same verbs, each submitted to the executor's worker and answered as a `Deferred`."""
         return TrainerDeferred(self)
@@ -413,7 +529,14 @@ class Trainer:
         native, executor, mesh = self._native, self._executor, self._mesh
         if native is None or executor is None:
             return
-        executor._worker_thread().run(native.free)
+        ahead = self._ahead
+
+        def free() -> None:
+            if ahead is not None:  # after the steps submitted before: a decoding still running holds the trainer
+                ahead.close()
+            native.free()
+
+        executor._worker_thread().run(free)
         self._native = self._executor = self._mesh = None
         executor._borrowers.discard(self)
         if mesh is not None:
@@ -422,10 +545,10 @@ class Trainer:
     def _probe(self, batch: Any):
         """For tests: a step's loss and gradients without the update, as (Stats, float32 gradients)."""
         native = self._handle()
-        inputs = _native.StepInputs(normalize_batch(batch))
+        inputs, decoded = self._inputs(batch)
 
         def probe():
-            stats, gradients = native.probe(inputs)
+            stats, gradients = native.probe(inputs, decoded)
             return Stats(stats), gradients
 
         return self._worker().run(probe)
@@ -468,8 +591,14 @@ class TrainerDeferred:
         return Deferred(worker.submit(call), verb)
 
     def step(self, batch: Any, config: Any = None) -> Deferred:
-        """`Trainer.step`, deferred: the batch is read now, the step runs on the worker."""
-        return self._submit("step", self._trainer._step_call, batch, config)
+        """`Trainer.step`, deferred: the batch is read now, the step runs on the worker.
+
+        A batch with media has them decoded on a thread of their own while the step submitted before it
+        runs, so the device does not wait for the host's decoding."""
+        trainer = self._trainer
+        if trainer._ahead is None and trainer._native is not None:
+            trainer._ahead = _Lookahead()
+        return self._submit("step", trainer._step_call, batch, config, trainer._ahead)
 
     def save(self, path: Any, weights_only: bool = False) -> Deferred:
         """`Trainer.save`, deferred."""

@@ -344,6 +344,15 @@ cdef class StepInputs:
     def count(self):
         return self.step.count
 
+    @property
+    def has_media(self):
+        """Whether any item is an image, a video or audio: what `uform_trainer_decode` decodes."""
+        cdef size_t i
+        for i in range(self.step.count):
+            if self.modalities[i] != uform_modality_text_k:
+                return True
+        return False
+
 
 def tape_addresses(tape):
     """The (data, offsets) addresses C receives for `tape`: tests compare them with the caller's arrays."""
@@ -440,6 +449,14 @@ cdef void _fill_late_interaction(uform_late_interaction_t* late, dict given):
     late.pair_loss = <uform_pair_loss_form_t><int>given["pair_loss"]
 
 
+cdef class DecodedHandle(Handle):
+    """One `uform_decoded_t`: a batch's media decoded ahead of its step."""
+
+    def __cinit__(self):
+        self.noun = "decoded batch"
+        self.release = uform_decoded_free
+
+
 cdef class TrainerHandle(Handle):
     """One `uform_trainer_t`; it keeps its executor's and mesh's handles alive until freed."""
 
@@ -489,11 +506,27 @@ cdef class TrainerHandle(Handle):
         trainer.borrowed = (executor, mesh)
         return trainer
 
-    def step(self, StepInputs inputs, embeddings, int scalar):
+    def decode(self, StepInputs inputs):
+        """Decodes the batch's media ahead of its step; answers a `DecodedHandle`, or None for a batch of text."""
+        cdef DecodedHandle decoded = DecodedHandle()
+        cdef uform_decoded_t made = NULL
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef uform_trainer_t trainer = self.live()
+        with nogil:
+            status = uform_trainer_decode(trainer, &inputs.step, &made, &message)
+        check(status, message, "uform_trainer_decode")
+        if made == NULL:
+            return None
+        decoded.handle = made
+        return decoded
+
+    def step(self, StepInputs inputs, embeddings, int scalar, DecodedHandle decoded=None):
         """Runs one step; `embeddings` is a writable uint8 array of items x hidden scalars, or None."""
         cdef const char* message = NULL
         cdef uform_status_t status
         cdef uform_trainer_t trainer = self.live()
+        inputs.step.decoded = NULL if decoded is None else decoded.live()
         inputs.step.embeddings = _landing(embeddings)
         inputs.step.embeddings_scalar = <uform_scalar_t>scalar
         memset(&inputs.step.stats, 0, sizeof(uform_trainer_stats_t))
@@ -540,7 +573,7 @@ cdef class TrainerHandle(Handle):
         check(status, message, "uform_trainer_weights")
         return weights
 
-    def probe(self, StepInputs inputs):
+    def probe(self, StepInputs inputs, DecodedHandle decoded=None):
         """A step's forward, loss and backward without the update: (stats dict, float32 gradients)."""
         cdef size_t total = self.parameters()
         cdef const char* message = NULL
@@ -550,6 +583,7 @@ cdef class TrainerHandle(Handle):
         cdef float[::1] landing = gradients
         cdef float* pointer = &landing[0] if total else NULL
         inputs.step.embeddings = NULL
+        inputs.step.decoded = NULL if decoded is None else decoded.live()
         memset(&inputs.step.stats, 0, sizeof(uform_trainer_stats_t))
         with nogil:
             status = uform_trainer_probe(trainer, &inputs.step, pointer, &message)

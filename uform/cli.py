@@ -413,9 +413,13 @@ def train(config_path: str) -> int:
             held_out = read_held_out(config.evaluation) if config.evaluation else None
             executor, init = open_executor(config.run.device, config.run.threads)
             with executor, init(executor, trainer_config) as trainer:
-                os.makedirs(folder, exist_ok=True)  # only now that the library took the config too
-                return _train_loop(config, trainer, executor, stream, held_out, step, steps, trainer_config.get("resume"),
-                                   cursor, stop)
+                stream.decode_ahead(trainer.decode)
+                try:
+                    os.makedirs(folder, exist_ok=True)  # only now that the library took the config too
+                    return _train_loop(config, trainer, executor, stream, held_out, step, steps,
+                                       trainer_config.get("resume"), cursor, stop)
+                finally:
+                    stream.close()  # its thread may be decoding with the trainer, which must be idle to be freed
     finally:
         stop.restore()
 

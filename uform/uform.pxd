@@ -78,6 +78,7 @@ cdef extern from "uform.h" nogil:
     ctypedef void* uform_mesh_t
     ctypedef void* uform_trainer_t
     ctypedef void* uform_encoder_t
+    ctypedef void* uform_decoded_t
 
     ctypedef struct uform_image_shape_t:
         uint32_t patch_side
@@ -210,6 +211,7 @@ cdef extern from "uform.h" nogil:
         uform_edges_view_t attract
         uform_edges_view_t repel
         uform_edges_view_t ignore
+        uform_decoded_t decoded
         void* embeddings
         uform_scalar_t embeddings_scalar
         uform_trainer_stats_t stats
@@ -238,6 +240,9 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_trainer_init_vram(uform_executor_t executor, const uform_trainer_init_vram_t* config,
                                            uform_mesh_t mesh, uform_trainer_t* trainer, const char** error)
     uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, const char** error)
+    uform_status_t uform_trainer_decode(uform_trainer_t trainer, const uform_trainer_step_t* step,
+                                        uform_decoded_t* decoded, const char** error)
+    uform_status_t uform_decoded_free(uform_decoded_t decoded, const char** error)
     uform_status_t uform_trainer_save(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_free(uform_trainer_t trainer, const char** error)

@@ -21,6 +21,9 @@
  *    vectors and choice probabilities of any number of items.
  *    It holds the weights and the activations of one pass, not a trainer's moments and gradients.
  *
+ *  A fifth, `uform_decoded_t`, is a batch's media decoded ahead of its step by `uform_trainer_decode`
+ *  and released by `uform_decoded_free`.
+ *
  *  Every handle is checked against the library's table of live handles before use, so a freed
  *  or foreign handle is answered with `uform_status_invalid_handle_k`, never a crash.
  *
@@ -28,7 +31,8 @@
  *
  *  Any thread may call any verb. Verbs on one trainer (or encoder) are serialized: a second caller waits
  *  until the first returns, so steps never interleave. A RAM executor runs each verb on the
- *  calling thread plus `threads - 1` helpers of its own.
+ *  calling thread plus `threads - 1` helpers of its own. `uform_trainer_decode` alone does not wait
+ *  for its trainer: decode the next batch's media on another thread while a step runs.
  *
  *  @section  Errors
  *
@@ -180,6 +184,7 @@ typedef void* uform_executor_t;
 typedef void* uform_mesh_t;
 typedef void* uform_trainer_t;
 typedef void* uform_encoder_t;
+typedef void* uform_decoded_t;
 
 /* ------------------------------------------------------------------------------------------ */
 /*  Configuration                                                                              */
@@ -366,6 +371,8 @@ typedef struct uform_trainer_step_t {
     uform_edges_view_t attract;
     uform_edges_view_t repel;
     uform_edges_view_t ignore;
+    /** The media of these very items, decoded ahead by `uform_trainer_decode`, or NULL to decode them in the step. */
+    uform_decoded_t decoded;
     /* Outputs. */
     void* embeddings;               /**< `count x hidden` scalars the step scored, or NULL. */
     uform_scalar_t embeddings_scalar;
@@ -460,6 +467,29 @@ UFORM_API uform_status_t uform_trainer_init_vram(uform_executor_t executor, ufor
  *  finite changes nothing and reports `stats.skipped = 1`; that is not an error.
  */
 UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, char const** error);
+
+/**
+ *  @brief Decodes a batch's media (images, video, audio) into tokens ahead of its step, on every core,
+ *  without waiting for the trainer's running step: the host decodes step N + 1 while the device trains step N.
+ *  @param[in] trainer The run whose config shapes the tokens.
+ *  @param[in] step The batch; only `count`, `modalities` and `contents` are read.
+ *  @param[out] decoded The tokens, for `step->decoded` of the step that trains these items; NULL when no
+ *              item is media (the step then needs none).
+ *  @param[out] error The message on failure; may be NULL.
+ *
+ *  Bad media are refused here, by item, as the step would refuse them. The step checks that it brings
+ *  the items decoded (modalities, contents tape and offsets) and refuses other ones; the bytes
+ *  themselves must not change in between. The tokens take `4 x tokens x width` bytes of host memory
+ *  until `uform_decoded_free`; a decoded batch may feed several steps, probes included.
+ */
+UFORM_API uform_status_t uform_trainer_decode(uform_trainer_t trainer, uform_trainer_step_t const* step,
+                                              uform_decoded_t* decoded, char const** error);
+
+/**
+ *  @brief Frees what `uform_trainer_decode` made. NULL is accepted and ignored.
+ *  @return `uform_status_busy_k` while a step reads it.
+ */
+UFORM_API uform_status_t uform_decoded_free(uform_decoded_t decoded, char const** error);
 
 /**
  *  @brief Writes the weights, the optimizer's moments, the step and the config as one

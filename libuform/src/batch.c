@@ -49,25 +49,11 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     memcpy(packed->widths, widths, sizeof(widths));
     char* cursor = packed->memory;
     for (size_t i = 0; i != count; ++i) *arrays[i] = cursor, cursor += (sizes[i] + 63) / 64 * 64;
-    /* Decoded media stay on the host, in plain memory: the device reads them once placed. */
-    size_t decoded = tokens * widest * sizeof(float), starts = segments * sizeof(uint64_t);
-    size_t grids = segments * sizeof(uform_media_grid_t), statuses = segments * sizeof(uform_status_t);
-    packed->media_memory = malloc(decoded + starts + grids + statuses);
-    if (!packed->media_memory) {
-        uform_packed_free(packed);
-        return uform_fail(error, uform_status_out_of_memory_k, "no host memory to decode media of %zu tokens: %zu bytes",
-                          tokens, decoded + starts + grids + statuses);
-    }
-    packed->decoded = packed->media_memory;
-    packed->decoded_starts = (uint64_t*)((char*)packed->media_memory + decoded);
-    packed->grids = (uform_media_grid_t*)((char*)packed->decoded_starts + starts);
-    packed->decodings = (uform_status_t*)((char*)packed->grids + grids);
     return uform_status_success_k;
 }
 
 void uform_packed_free(uform_packed_t* packed) {
     if (packed->memory) packed->backend->host_release(packed->context, packed->memory);
-    free(packed->media_memory);
     memset(packed, 0, sizeof(*packed));
 }
 
@@ -156,15 +142,22 @@ static uform_status_t uform_items_count(uform_config_t const* config, size_t cou
     return uform_status_success_k;
 }
 
-/* The items' bytes, their offsets kept in `packed->offsets` for the packing. */
-static uform_status_t uform_contents_check(uform_packed_t* packed, uform_tape_t const* contents, size_t count,
+/* The items' bytes, their offsets kept in `offsets` (count + 1) for the packing. */
+static uform_status_t uform_contents_check(uint64_t* offsets, uform_tape_t const* contents, size_t count,
                                            size_t first, char const** error) {
-    uform_status_t status = uform_tape_check(contents, count, "batch.contents", packed->offsets, error);
+    uform_status_t status = uform_tape_check(contents, count, "batch.contents", offsets, error);
     if (status != uform_status_success_k) return status;
     for (size_t i = 0; i != count; ++i)
-        if (packed->offsets[i + 1] == packed->offsets[i])
+        if (offsets[i + 1] == offsets[i])
             return UFORM_INVALID("batch.contents[%zu]: empty; every item needs at least one byte", first + i);
     return uform_status_success_k;
+}
+
+uform_status_t uform_batch_check_items(uform_config_t const* config, uform_trainer_step_t const* step,
+                                      uint64_t* offsets, char const** error) {
+    uform_status_t status = uform_items_count(config, step->count, step->modalities, 0, error);
+    return status == uform_status_success_k ? uform_contents_check(offsets, &step->contents, step->count, 0, error)
+                                            : status;
 }
 
 static int uform_tape_given(uform_tape_t const* tape) { return tape->offsets || tape->data; }
@@ -262,7 +255,7 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
     status = uform_choices_check(packed, config, count, step->modalities, &step->choices, &step->choice_targets, 0,
                                  "batch.choices", error);
     if (status != uform_status_success_k) return status;
-    status = uform_contents_check(packed, &step->contents, count, 0, error);
+    status = uform_contents_check(packed->offsets, &step->contents, count, 0, error);
     if (status != uform_status_success_k) return status;
     if (step->bags) {
         uint32_t* sorted = malloc(count * sizeof(uint32_t));
@@ -437,12 +430,12 @@ static uint32_t uform_media_position(int kind, uform_media_grid_t const* grid, u
 /* Places an item's decoded tokens: a shown one at its kind's front cursor under the media id, a hidden one at its
    kind's back cursor, its values normalized over the token as the reconstruction's target, under the mask id. */
 static void uform_place_media(uform_packed_t* packed, uform_config_t const* config, uform_hiding_t const* hiding,
-                              size_t item, int kind, uform_media_runs_t* cursor) {
-    uform_media_grid_t const* grid = &packed->grids[item];
+                              uform_decoded_s const* decoded, size_t item, int kind, uform_media_runs_t* cursor) {
+    uform_media_grid_t const* grid = &decoded->grids[item];
     size_t width = packed->widths[kind], start = packed->tokens_count;
     uint32_t tokens = grid->frames * grid->rows * grid->columns;
     for (uint32_t p = 0; p != tokens; ++p) {
-        float const* values = packed->decoded + (packed->decoded_starts[item] + p) * packed->widest;
+        float const* values = decoded->values[item] + (size_t)p * width;
         int hidden = uform_media_hides(config, hiding, kind, item, p);
         size_t row = hidden ? cursor->hidden_rows++ : cursor->shown_rows++;
         float* to = packed->media_values + (hidden ? cursor->hidden_values : cursor->shown_values);
@@ -474,82 +467,117 @@ static uform_status_t uform_media_decode(uform_config_t const* config, int kind,
     return uform_audio_chunks(bytes, length, b->audio.sample_rate, b->audio.chunk_samples, room, out, grid, field, error);
 }
 
+static size_t uform_grid_tokens(uform_media_grid_t const* grid) {
+    return (size_t)grid->frames * grid->rows * grid->columns;
+}
+
+void uform_decoded_release(uform_decoded_s* decoded) {
+    if (!decoded) return;
+    for (size_t i = 0; decoded->values && i != decoded->count; ++i) free(decoded->values[i]);
+    free(decoded->values), free(decoded->grids), free(decoded->modalities), free(decoded->offsets);
+    free(decoded);
+}
+
 /*
- *  Decodes every media item of the batch, on every core, each into a scratch of its own and then into the next
- *  free run of `packed->decoded`: the runs' order depends on the threads, but each item's run is found by its
- *  own start, so what is packed does not. Then counts each kind's shown and hidden tokens, so that each kind's
- *  runs can be placed contiguously. A failure is reported for the first failing item in the batch's order,
- *  decoded again on the calling thread, where its message is kept.
+ *  Decodes every media item on every core, each into a buffer of its own sized for a row and then trimmed to its
+ *  tokens, so nothing the threads do depends on their order. A failure is reported for the first failing item in
+ *  the batch's order, decoded again on the calling thread, where its message is kept.
  */
-static uform_status_t uform_decode_media(uform_packed_t* packed, uform_config_t const* config, size_t count,
-                                         uform_modality_t const* modalities, uform_tape_t const* contents,
-                                         uform_hiding_t const* hiding, size_t first, char const** error) {
-    size_t room = config->given.batch.max_columns_per_row, widest = packed->widest, used = 0;
-    size_t capacity = packed->tokens_capacity;
-    uint8_t const* bytes = (uint8_t const*)contents->data;
-    uint64_t const* offsets = packed->offsets;
+uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
+                                  uform_tape_t const* contents, uint64_t const* offsets, size_t first,
+                                  uform_decoded_s** made, char const** error) {
+    size_t room = config->given.batch.max_columns_per_row, widths[uform_media_kinds_k];
+    uform_media_widths(&config->given, widths);
     int media = 0;
-    for (int kind = 0; kind != uform_media_kinds_k; ++kind) packed->media_shown[kind] = packed->media_hidden[kind] = 0;
     for (size_t i = 0; i != count; ++i) media |= uform_media_kind(modalities[i]) >= 0;
+    *made = NULL;
     if (!media) return uform_status_success_k;
+    uform_decoded_s* decoded = calloc(1, sizeof(uform_decoded_s));
+    uform_status_t* statuses = malloc(count * sizeof(uform_status_t));
+    if (decoded) {
+        decoded->count = count, decoded->data = (uint8_t const*)contents->data;
+        decoded->offsets = malloc((count + 1) * sizeof(uint64_t));
+        decoded->modalities = malloc(count * sizeof(uform_modality_t));
+        decoded->grids = calloc(count, sizeof(uform_media_grid_t));
+        decoded->values = calloc(count, sizeof(float*));
+    }
+    if (!decoded || !statuses || !decoded->offsets || !decoded->modalities || !decoded->grids || !decoded->values) {
+        uform_decoded_release(decoded), free(statuses);
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory to decode the media of %zu items", count);
+    }
+    memcpy(decoded->offsets, offsets, (count + 1) * sizeof(uint64_t));
+    memcpy(decoded->modalities, modalities, count * sizeof(uform_modality_t));
+    uint8_t const* bytes = decoded->data;
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < count; ++i) {
-        int kind = uform_media_kind(modalities[i]);
-        packed->decodings[i] = uform_status_success_k;
+        int kind = uform_media_kind(decoded->modalities[i]);
+        statuses[i] = uform_status_success_k;
         if (kind < 0) continue;
-        float* scratch = malloc(room * widest * sizeof(float));
-        uform_media_grid_t grid = {0};
-        uform_status_t status = scratch ? uform_media_decode(config, kind, bytes + offsets[i], offsets[i + 1] - offsets[i],
-                                                             room, scratch, &grid, "media", NULL)
-                                        : uform_status_out_of_memory_k;
-        size_t tokens = (size_t)grid.frames * grid.rows * grid.columns, start = 0;
+        float* values = malloc(room * widths[kind] * sizeof(float));
+        uform_status_t status = values ? uform_media_decode(config, kind, bytes + offsets[i], offsets[i + 1] - offsets[i],
+                                                            room, values, &decoded->grids[i], "media", NULL)
+                                       : uform_status_out_of_memory_k;
         if (status == uform_status_success_k) {
-#pragma omp atomic capture
-            { start = used; used += tokens; }
-            /* Each token's values keep the widest stride, so every kind's tokens share one arena. */
-            if (start + tokens > capacity) status = uform_status_invalid_argument_k; /* more than the batch holds */
-            else
-                for (size_t t = 0; t != tokens; ++t)
-                    memcpy(packed->decoded + (start + t) * widest, scratch + t * packed->widths[kind],
-                           packed->widths[kind] * sizeof(float));
+            float* trimmed = realloc(values, (uform_grid_tokens(&decoded->grids[i]) * widths[kind] + 1) * sizeof(float));
+            values = trimmed ? trimmed : values;
         }
-        packed->grids[i] = grid, packed->decoded_starts[i] = start, packed->decodings[i] = status;
-        free(scratch);
+        decoded->values[i] = values, statuses[i] = status;
     }
-    for (size_t i = 0; i != count; ++i) {
-        if (packed->decodings[i] == uform_status_success_k) continue;
-        if (packed->decodings[i] == uform_status_out_of_memory_k)
-            return uform_fail(error, uform_status_out_of_memory_k, "batch.contents[%zu]: no memory to decode it", first + i);
+    uform_status_t status = uform_status_success_k;
+    for (size_t i = 0; i != count && status == uform_status_success_k; ++i) {
+        if (statuses[i] == uform_status_success_k) continue;
+        if (statuses[i] == uform_status_out_of_memory_k) {
+            status = uform_fail(error, uform_status_out_of_memory_k, "batch.contents[%zu]: no memory to decode it", first + i);
+            break;
+        }
         char field[64];
         snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
         uform_media_grid_t grid;
-        float* scratch = malloc(room * widest * sizeof(float));
-        uform_status_t status = scratch ? uform_media_decode(config, uform_media_kind(modalities[i]), bytes + offsets[i],
-                                                             offsets[i + 1] - offsets[i], room, scratch, &grid, field,
-                                                             error)
-                                        : uform_status_out_of_memory_k;
-        free(scratch);
-        if (status != uform_status_success_k) return status;
-        return UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than %zu tokens, "
-                             "config.batch.max_rows_per_device = %u rows of %u columns", first + i, capacity,
-                             config->given.batch.max_rows_per_device, config->given.batch.max_columns_per_row);
+        status = uform_media_decode(config, uform_media_kind(decoded->modalities[i]), bytes + offsets[i],
+                                    offsets[i + 1] - offsets[i], room, decoded->values[i], &grid, field, error);
+        if (status == uform_status_success_k) /* failed on its first try only: say so rather than pass it */
+            status = uform_fail(error, uform_status_invalid_argument_k,
+                                "batch.contents[%zu]: decoded differently on a second try (its bytes changed?)", first + i);
     }
-    for (size_t i = 0; i != count; ++i) {
-        int kind = uform_media_kind(modalities[i]);
-        if (kind < 0) continue;
-        uform_media_grid_t const* grid = &packed->grids[i];
-        for (uint32_t p = 0; p != grid->frames * grid->rows * grid->columns; ++p)
-            ++*(uform_media_hides(config, hiding, kind, i, p) ? &packed->media_hidden[kind] : &packed->media_shown[kind]);
-    }
+    free(statuses);
+    if (status != uform_status_success_k) uform_decoded_release(decoded);
+    else *made = decoded;
+    return status;
+}
+
+/* Checks a step brings the items its media were decoded from: the same modalities, bytes and offsets. */
+static uform_status_t uform_decoded_check(uform_decoded_s const* decoded, size_t count,
+                                          uform_modality_t const* modalities, uform_tape_t const* contents,
+                                          uint64_t const* offsets, char const** error) {
+    if (decoded->count != count)
+        return UFORM_INVALID("step.decoded: made from %zu items, not this batch's %zu", decoded->count, count);
+    if (decoded->data != (uint8_t const*)contents->data)
+        return UFORM_INVALID("step.decoded: made from another contents tape than batch.contents");
+    for (size_t i = 0; i != count; ++i)
+        if (decoded->modalities[i] != modalities[i] || decoded->offsets[i] != offsets[i] ||
+            decoded->offsets[i + 1] != offsets[i + 1])
+            return UFORM_INVALID("step.decoded: batch item %zu differs from the one decoded (its modality or offsets)", i);
     return uform_status_success_k;
 }
 
-/* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot;
-   decodes images into patches. Each temperature group is read once, into the packed copy, and checked there. */
-static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
-                                      uform_modality_t const* modalities, uform_tape_t const* contents,
-                                      uint32_t const* groups, uform_hiding_t const* hiding, size_t first,
-                                      char const** error) {
+/* Counts each kind's shown and hidden tokens, so that each kind's runs can be placed contiguously. */
+static void uform_media_count(uform_packed_t* packed, uform_config_t const* config, uform_decoded_s const* decoded,
+                              uform_hiding_t const* hiding) {
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind) packed->media_shown[kind] = packed->media_hidden[kind] = 0;
+    for (size_t i = 0; decoded && i != decoded->count; ++i) {
+        int kind = uform_media_kind(decoded->modalities[i]);
+        if (kind < 0) continue;
+        for (uint32_t p = 0, n = (uint32_t)uform_grid_tokens(&decoded->grids[i]); p != n; ++p)
+            ++*(uform_media_hides(config, hiding, kind, i, p) ? &packed->media_hidden[kind] : &packed->media_shown[kind]);
+    }
+}
+
+/* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot and
+   the decoded media. Each temperature group is read once, into the packed copy, and checked there. */
+static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t const* config, size_t count,
+                                         uform_tape_t const* contents, uint32_t const* groups,
+                                         uform_hiding_t const* hiding, uform_decoded_s const* decoded, size_t first,
+                                         char const** error) {
     uform_batch_shape_t const* shape = &config->given.batch;
     uint32_t group_count = config->given.contrastive.temperature_groups;
     uint8_t const* bytes = (uint8_t const*)contents->data;
@@ -558,8 +586,7 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
     packed->contrastive_rows = 0;
     packed->segments_count = count;
     uint32_t span = config->given.late_interaction.max_query_span;
-    uform_status_t decoding = uform_decode_media(packed, config, count, modalities, contents, hiding, first, error);
-    if (decoding != uform_status_success_k) return decoding;
+    uform_media_count(packed, config, decoded, hiding);
     uform_media_runs_t cursors[uform_media_kinds_k];
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) cursors[kind] = uform_media_runs(packed, kind);
     for (size_t i = 0; i != count; ++i) {
@@ -570,11 +597,10 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
                     packed->sides[i] == uform_late_interaction_query_and_document_k;
         if (query) room = span;
         uint64_t begin = offsets[i], content = offsets[i + 1] - begin;
-        int kind = uform_media_kind(modalities[i]);
+        int kind = decoded ? uform_media_kind(decoded->modalities[i]) : -1; /* the modalities as read once */
         if (kind >= 0) {
-            uform_media_grid_t const* grid = &packed->grids[i];
-            content = (uint64_t)grid->frames * grid->rows * grid->columns;
-            packed->truncated += grid->truncated != 0;
+            content = uform_grid_tokens(&decoded->grids[i]);
+            packed->truncated += decoded->grids[i].truncated != 0;
         } else if (content > room)
             content = room, ++packed->truncated;
         uint64_t padded = query ? span : content, length = padded + choosing;
@@ -595,7 +621,7 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
         segment->column = packed->row_fill[row];
         packed->row_fill[row] += (uint32_t)length;
         if (length > packed->longest) packed->longest = length;
-        if (kind >= 0) uform_place_media(packed, config, hiding, i, kind, &cursors[kind]);
+        if (kind >= 0) uform_place_media(packed, config, hiding, decoded, i, kind, &cursors[kind]);
         else
             for (uint32_t p = 0; p != length; ++p) {
                 packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p]
@@ -610,6 +636,21 @@ static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t con
                                  first + i, group, group_count);
     }
     return uform_status_success_k;
+}
+
+/* Packs the items with their media decoded ahead (`ahead`, checked to be theirs), or decoded here. */
+static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
+                                      uform_modality_t const* modalities, uform_tape_t const* contents,
+                                      uint32_t const* groups, uform_hiding_t const* hiding,
+                                      uform_decoded_s const* ahead, size_t first, char const** error) {
+    uform_decoded_s* made = NULL;
+    uform_status_t status = ahead ? uform_decoded_check(ahead, count, modalities, contents, packed->offsets, error)
+                                  : uform_decoded_make(config, count, modalities, contents, packed->offsets, first,
+                                                       &made, error);
+    if (status == uform_status_success_k)
+        status = uform_pack_decoded(packed, config, count, contents, groups, hiding, ahead ? ahead : made, first, error);
+    uform_decoded_release(made);
+    return status;
 }
 
 /*
@@ -684,15 +725,16 @@ static void uform_choice_positions(uform_packed_t* packed) {
 }
 
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
-                                uform_trainer_step_t const* step, uint64_t step_number, size_t first_item,
-                                char const** error) {
+                                uform_trainer_step_t const* step, uform_decoded_s const* decoded,
+                                uint64_t step_number, size_t first_item, char const** error) {
     if (!step) return UFORM_INVALID("batch: NULL");
     uform_hiding_t hiding = {step_number, first_item};
     uform_status_t status = uform_batch_validate(packed, config, step, error);
     if (status == uform_status_success_k)
         status = uform_pack_rows(packed, config, step->count, step->modalities, &step->contents,
                                  step->temperature_groups,
-                                 config->given.objective != uform_objective_contrastive_k ? &hiding : NULL, 0, error);
+                                 config->given.objective != uform_objective_contrastive_k ? &hiding : NULL, decoded, 0,
+                                 error);
     if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
@@ -717,9 +759,9 @@ uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t co
     for (size_t i = 0; status == uform_status_success_k && i != count; ++i)
         if (!uform_choices_of(packed, i))
             status = UFORM_INVALID("choices[%zu]: empty; every text needs at least one byte to choose from", first_item + i);
-    if (status == uform_status_success_k) status = uform_contents_check(packed, texts, count, first_item, error);
+    if (status == uform_status_success_k) status = uform_contents_check(packed->offsets, texts, count, first_item, error);
     if (status == uform_status_success_k)
-        status = uform_pack_rows(packed, config, count, modalities, texts, NULL, NULL, first_item, error);
+        status = uform_pack_rows(packed, config, count, modalities, texts, NULL, NULL, NULL, first_item, error);
     if (status == uform_status_success_k) uform_choice_positions(packed);
     return status;
 }
@@ -730,9 +772,9 @@ uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t con
                                       char const** error) {
     size_t count = contents->count;
     uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
-    if (status == uform_status_success_k) status = uform_contents_check(packed, contents, count, first_item, error);
+    if (status == uform_status_success_k) status = uform_contents_check(packed->offsets, contents, count, first_item, error);
     if (status != uform_status_success_k) return status;
     packed->choices_count = 0;
     for (size_t i = 0; i != count; ++i) packed->sides[i] = sides ? (uint8_t)sides[i] : 0; /* checked by the caller */
-    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, first_item, error);
+    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, NULL, first_item, error);
 }

@@ -21,6 +21,7 @@ typedef enum uform_handle_kind_t {
     uform_handle_mesh_k = 2,
     uform_handle_trainer_k = 3,
     uform_handle_encoder_k = 4,
+    uform_handle_decoded_k = 5,
 } uform_handle_kind_t;
 
 /** Every object behind a handle starts with this; the table of live handles sets and guards it. */
@@ -152,12 +153,6 @@ typedef struct uform_packed_t {
     size_t tokens_capacity;      /* rows x columns: where the back of `media_rows` ends */
     float* media_values;         /* (capacity tokens x widest) */
     uint32_t* media_rows;        /* (capacity tokens) the token of each */
-    /* Media decoded on every core before packing, each item's tokens one run of `decoded` taken in turn. */
-    float* decoded;              /* (capacity tokens x widest) */
-    uint64_t* decoded_starts;    /* (capacity segments) each item's first token in `decoded` */
-    uform_media_grid_t* grids;   /* (capacity segments) each item's grid */
-    uform_status_t* decodings;   /* (capacity segments) each item's status, before any message is written */
-    void* media_memory;          /* the one plain host allocation behind the four above */
     void* memory;        /* the one host allocation behind the arrays above */
     uform_backend_t const* backend;
     void* context;
@@ -170,6 +165,30 @@ typedef struct uform_media_runs_t {
 } uform_media_runs_t;
 uform_media_runs_t uform_media_runs(uform_packed_t const* packed, int kind);
 
+/**
+ *  A batch's media decoded into tokens, as a config shapes them: each media item's grid and its tokens (`grid`
+ *  many, each of its kind's width, in token order), nothing for text. Made before the packing, by the step on
+ *  its own or ahead of it by `uform_trainer_decode`; read-only once made, so steps may share it.
+ */
+typedef struct uform_decoded_s {
+    uform_handle_t handle;
+    void const* owner;             /* the trainer whose config shaped the tokens, when made ahead */
+    size_t count;
+    uint8_t const* data;           /* the contents' bytes, and their offsets as read: a step must bring the same */
+    uint64_t* offsets;             /* (count + 1) */
+    uform_modality_t* modalities;  /* (count) */
+    uform_media_grid_t* grids;     /* (count) */
+    float** values;                /* (count) each media item's tokens; NULL for text */
+} uform_decoded_s;
+
+/** Decodes the media among `count` items on every core, from contents whose offsets were checked into
+ *  `offsets`; messages count items from `first`. Answers NULL in `decoded` when no item is media. */
+uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
+                                  uform_tape_t const* contents, uint64_t const* offsets, size_t first,
+                                  uform_decoded_s** decoded, char const** error);
+/** Frees what `uform_decoded_make` made; NULL is ignored. */
+void uform_decoded_release(uform_decoded_s* decoded);
+
 uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, uform_backend_t const* backend,
                                  void* context, char const** error);
 void uform_packed_free(uform_packed_t* packed);
@@ -180,11 +199,15 @@ void uform_packed_free(uform_packed_t* packed);
  *  Every value the packing trusts is read from the caller's memory once, so memory changed
  *  meanwhile cannot steer it outside a buffer. Writes only `packed`, which is scratch: a refused
  *  batch leaves the run as it was. Draws are keyed on `first_item` + the item's index, its index
- *  within the process's step, so they do not depend on how a step is split over devices.
+ *  within the process's step, so they do not depend on how a step is split over devices. `decoded`,
+ *  when not NULL, holds the step's media decoded ahead: the items must be the ones it was made from.
  */
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
-                                uform_trainer_step_t const* step, uint64_t step_number, size_t first_item,
-                                char const** error);
+                                uform_trainer_step_t const* step, uform_decoded_s const* decoded,
+                                uint64_t step_number, size_t first_item, char const** error);
+/** Checks a step's item count, modalities and contents alone, the offsets read once into `offsets` (count + 1). */
+uform_status_t uform_batch_check_items(uform_config_t const* config, uform_trainer_step_t const* step,
+                                      uint64_t* offsets, char const** error);
 /** Packs texts with the bytes each may choose, as `uform_encoder_choose` reads them; messages count items from
  *  `first_item`. */
 uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t const* config,

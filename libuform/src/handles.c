@@ -32,6 +32,7 @@ static char const* uform_kind_name(uform_handle_kind_t kind) {
     case uform_handle_mesh_k: return "a mesh";
     case uform_handle_trainer_k: return "a trainer";
     case uform_handle_encoder_k: return "an encoder";
+    case uform_handle_decoded_k: return "decoded media";
     }
     return "a handle";
 }

@@ -22,6 +22,7 @@ typedef struct uform_trainer_s {
     uform_layout_t layout;
     uform_packed_t packed;
     uform_replica_t replica;
+    uform_trainer_t self; /* the handle callers know it by: what decoded media name as their trainer */
     uint64_t step; /* updates applied so far */
     char config_json[4096];
 } uform_trainer_s;
@@ -83,6 +84,7 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     if (status == uform_status_success_k) {
         uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
         status = uform_handles_add(made, uform_handle_trainer_k, trainer, error);
+        if (status == uform_status_success_k) made->self = *trainer;
     }
     if (status != uform_status_success_k) uform_trainer_release(made);
     return status;
@@ -245,7 +247,15 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
         return uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
                           (int)step->embeddings_scalar);
     uint64_t next = trainer->step + 1;
-    uform_status_t status = uform_batch_pack(&trainer->packed, &trainer->config, step, next, 0, error);
+    void* decoded = NULL;
+    uform_status_t status = step->decoded ? uform_handles_acquire(step->decoded, uform_handle_decoded_k, "step.decoded",
+                                                                  &decoded, error)
+                                          : uform_status_success_k;
+    if (status == uform_status_success_k && decoded && ((uform_decoded_s*)decoded)->owner != trainer->self)
+        status = uform_fail(error, uform_status_invalid_argument_k, "step.decoded: decoded by another trainer");
+    if (status == uform_status_success_k)
+        status = uform_batch_pack(&trainer->packed, &trainer->config, step, decoded, next, 0, error);
+    uform_handles_release(decoded);
     if (status != uform_status_success_k) return status;
 
     uform_replica_t* replica = &trainer->replica;
@@ -315,6 +325,41 @@ uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* 
     if (status != uform_status_success_k) return status;
     status = uform_trainer_run(trainer, step, 1, error);
     uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_decode(uform_trainer_t handle, uform_trainer_step_t const* step, uform_decoded_t* decoded,
+                                    char const** error) {
+    if (!decoded) return uform_fail(error, uform_status_invalid_argument_k, "decoded: NULL output pointer");
+    *decoded = NULL;
+    if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
+    /* Borrowed, not locked: the config is fixed at init, so a running step may keep the lock meanwhile. */
+    void* object;
+    uform_status_t status = uform_handles_acquire(handle, uform_handle_trainer_k, "trainer", &object, error);
+    if (status != uform_status_success_k) return status;
+    uform_trainer_s* trainer = object;
+    uform_decoded_s* made = NULL;
+    uint64_t* offsets = malloc((step->count + 1) * sizeof(uint64_t));
+    if (!offsets) status = uform_fail(error, uform_status_out_of_memory_k, "no memory to read %zu offsets", step->count);
+    else status = uform_batch_check_items(&trainer->config, step, offsets, error);
+    if (status == uform_status_success_k)
+        status = uform_decoded_make(&trainer->config, step->count, step->modalities, &step->contents, offsets, 0, &made,
+                                    error);
+    free(offsets);
+    if (status == uform_status_success_k && made) {
+        made->owner = handle;
+        status = uform_handles_add(made, uform_handle_decoded_k, decoded, error);
+        if (status != uform_status_success_k) uform_decoded_release(made);
+    }
+    uform_handles_release(trainer);
+    return status;
+}
+
+uform_status_t uform_decoded_free(uform_decoded_t handle, char const** error) {
+    if (!handle) return uform_status_success_k;
+    void* object;
+    uform_status_t status = uform_handles_remove(handle, uform_handle_decoded_k, "decoded", &object, error);
+    if (status == uform_status_success_k) uform_decoded_release(object);
     return status;
 }
 

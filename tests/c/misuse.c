@@ -280,6 +280,64 @@ static void executor_free_races_trainer_init(void) {
 /*  One thread                                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* ---------------------------------------------------------------------------------------------- */
+/*  Media decoded ahead, handed to the wrong step                                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A 4 x 4 gray PNG: one patch of the small config's images. */
+static unsigned char const gray_png[] = {
+    137, 80,  78,  71, 13,  10,  26,  10, 0,  0,   0,   13, 73,  72,  68,  82,  0,   0,   0,   4,  0,   0,
+    0,   4,   8,   0,  0,   0,   0,   140, 154, 193, 162, 0,   0,   0,   29,  73,  68,  65,  84,  120, 156, 99,
+    96,  16,  80,  48, 96,  112, 8,   72, 40,  96,  104, 152, 176, 96,  3,   195, 129, 11,  15,  62,  0,   0,
+    48,  212, 7,   129, 162, 251, 157, 147, 0,   0,   0,   0,  73,  69,  78,  68,  174, 66,  96,  130};
+
+static void decoded_misuse(uform_executor_t executor) {
+    char const* error = NULL;
+    if (!(uform_capabilities() & uform_capability_png_k)) return; /* a build without libpng decodes no PNG */
+    uform_trainer_init_vram_t config = small_config(7);
+    uform_trainer_t trainer = NULL, other = NULL;
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error) == uform_status_success_k);
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &other, &error) == uform_status_success_k);
+    char contents[sizeof(text) + sizeof(gray_png)];
+    memcpy(contents, text, 17), memcpy(contents + 17, gray_png, sizeof(gray_png));
+    uint64_t const media_offsets[] = {0, 17, 17 + sizeof(gray_png)}, shifted[] = {0, 16, 17 + sizeof(gray_png)};
+    uform_modality_t const kinds[] = {uform_modality_text_k, uform_modality_image_k};
+    uform_trainer_step_t step;
+    memset(&step, 0, sizeof(step));
+    step.count = 2, step.modalities = kinds, step.contents = (uform_tape_t){contents, media_offsets, 2, sizeof(contents)};
+
+    uform_decoded_t decoded = NULL, none = (void*)1;
+    REFUSED(uform_trainer_decode(trainer, NULL, &decoded, &error), uform_status_invalid_argument_k, "step: NULL");
+    REFUSED(uform_trainer_decode(trainer, &step, NULL, &error), uform_status_invalid_argument_k, "decoded: NULL");
+    REFUSED(uform_trainer_decode(executor, &step, &decoded, &error), uform_status_invalid_handle_k, "not a trainer");
+    uform_trainer_step_t words = small_step();
+    CHECK(uform_trainer_decode(trainer, &words, &none, &error) == uform_status_success_k && none == NULL);
+    CHECK(uform_trainer_decode(trainer, &step, &decoded, &error) == uform_status_success_k && decoded != NULL);
+
+    /* The decoded media name their trainer and their items: any other step is refused, and changes nothing. */
+    step.decoded = decoded;
+    REFUSED(uform_trainer_step(other, &step, &error), uform_status_invalid_argument_k, "another trainer");
+    uform_trainer_step_t fewer = step;
+    fewer.count = 1, fewer.contents.count = 1;
+    REFUSED(uform_trainer_step(trainer, &fewer, &error), uform_status_invalid_argument_k, "made from 2 items");
+    uform_trainer_step_t moved = step;
+    moved.contents.offsets = shifted;
+    REFUSED(uform_trainer_step(trainer, &moved, &error), uform_status_invalid_argument_k, "item 0 differs");
+    uform_trainer_step_t wrong = step;
+    wrong.decoded = trainer;
+    REFUSED(uform_trainer_step(trainer, &wrong, &error), uform_status_invalid_handle_k, "not decoded media");
+    CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
+    CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 2);
+
+    REFUSED(uform_trainer_free(decoded, &error), uform_status_invalid_handle_k, "not a trainer");
+    CHECK(uform_decoded_free(decoded, &error) == uform_status_success_k);
+    CHECK(uform_decoded_free(NULL, &error) == uform_status_success_k);
+    REFUSED(uform_decoded_free(decoded, &error), uform_status_invalid_handle_k, "decoded");
+    REFUSED(uform_trainer_step(trainer, &step, &error), uform_status_invalid_handle_k, "step.decoded");
+    CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);
+    CHECK(uform_trainer_free(other, &error) == uform_status_success_k);
+}
+
 int main(int argc, char** argv) {
     char const* path = argc > 1 ? argv[1] : "misuse.safetensors";
     char const* error = NULL;
@@ -377,6 +435,7 @@ int main(int argc, char** argv) {
 
     steps_are_serialized(executor);
     free_races_steps(executor);
+    decoded_misuse(executor);
 
     CHECK(uform_executor_free(executor, &error) == uform_status_success_k);
     REFUSED(uform_executor_free(executor, &error), uform_status_invalid_handle_k, "executor");

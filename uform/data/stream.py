@@ -28,7 +28,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,8 +46,8 @@ _CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")
 class StepBatch:
     """What one step of this process trains on, and where the stream stands after it.
 
-    `batch` is a `TrainerBatch` dict for `trainer.step`, or None when every group of this process's
-    share was bad. `cursor` (a dict of plain values) resumes the stream after this step. `locations`
+    `batch` is a `TrainerBatch` dict for `trainer.step` (a `uform.Decoded` when the stream decodes
+    ahead), or None when every group of this process's share was bad. `cursor` (a dict of plain values) resumes the stream after this step. `locations`
     name the batch's groups, `bad_records` the records found bad while making it, and `groups` are
     the groups themselves (media read), the batch's items in their order.
     """
@@ -154,7 +154,8 @@ class Stream:
     schema is checked here, before any step: a column missing from a shard raises `InvalidArgument`
     naming it. `cursor`, a `StepBatch.cursor` of an earlier run over the same shards, seed and
     `shuffle_buffer`, continues that run's sequence; `process_index` of `process_count` picks this
-    process's share (a mesh's `host_domain_index` and `host_domain_count`).
+    process's share (a mesh's `host_domain_index` and `host_domain_count`). `decode_ahead` has the thread
+    decode the batches' media too.
     """
 
     def __init__(self, dataset: Any, config: Any, process_index: int = 0, process_count: int = 1,
@@ -174,6 +175,7 @@ class Stream:
         check_schema(self.dataset, self.shards)
         self.texts = text_columns(self.dataset)
         self.start = self._checked_cursor(cursor)
+        self._decode: Optional[Callable[[Any], Any]] = None
         self._queue: "queue.Queue" = queue.Queue(self.dataset.prefetch)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._produce, name="uform-data", daemon=True)
@@ -294,7 +296,7 @@ class Stream:
             if number and number % self.count == 0:
                 epoch, shard, offset, skip = start
                 cursor = dict(self.start, epoch=epoch, shard=shard, offset=offset, skip=skip, batch=first + number)
-                step = self._assemble(own or [], cursor, step_bad)
+                step = self._decoded(self._assemble(own or [], cursor, step_bad))
                 unusable.note(cursor, step.batch is not None or not own, len(step.bad_records), step.bad_records)
                 yield step
                 step_bad, own = [], None
@@ -311,6 +313,24 @@ class Stream:
                 self._bad(error, bad)
         return StepBatch(assemble(loaded, self.dataset) if loaded else None, cursor,
                          [group.location for group in loaded], bad, loaded)
+
+    def decode_ahead(self, decode: Callable[[Any], Any]) -> None:
+        """Has the thread decode each batch's images, video and audio with `decode` (a trainer's `decode`),
+        so the device never waits for them; from the next batch it assembles on. A record whose media
+        `decode` refuses is bad, as when the step refuses it."""
+        self._decode = decode
+
+    def _decoded(self, step: StepBatch) -> StepBatch:
+        """The step with its media decoded ahead, its records whose media the library refuses left out."""
+        while self._decode is not None and step.batch is not None:
+            try:
+                return StepBatch(self._decode(step.batch), step.cursor, step.locations, step.bad_records, step.groups)
+            except InvalidArgument as error:
+                retried = self.without_refused(step, error)  # raises BadRecord under "refuse"
+                if retried is None:
+                    return step  # a fault of the batch as a whole: the step reports it
+                step = retried
+        return step
 
     def without_refused(self, step: StepBatch, error: BaseException) -> Optional[StepBatch]:
         """After `trainer.step(step.batch)` refused `error`: when it names one of the batch's items
