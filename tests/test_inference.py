@@ -130,8 +130,8 @@ def test_token_vectors_are_what_training_scores(cpu, tmp_path):
         with pytest.raises(uform.InvalidArgument, match=r"sides\[1\]: none has no token vectors"):
             encoder.embed_tokens(["text"] * 2, QUERIES[:2], sides=["query", "none"])
         # Refused while sizing, before any vector is computed, and counted alike in both passes.
-        with pytest.raises(uform.Unsupported, match=r"modalities\[1\]: token vectors are read from text items"):
-            encoder.embed_tokens(["text", "image"], ["a", b"\xff\xd8"])
+        with pytest.raises(uform.InvalidArgument, match=r"sides\[1\]: only text items are queries"):
+            encoder.embed_tokens(["text", "image"], ["a", b"\xff\xd8"], sides=["query", "query"])
         with pytest.raises(uform.InvalidArgument, match=r"contents\[1\]: empty"):
             encoder.embed_tokens(["text"] * 2, ["a", ""])
         cut = encoder.embed_tokens(["text"] * 3, ["q" * 13, "q" * 12, "d" * 65], sides=["query", "query", "document"])
@@ -144,6 +144,45 @@ def test_token_vectors_are_what_training_scores(cpu, tmp_path):
     starts = np.concatenate([[0], np.cumsum([len(v) for v in queries + documents])])
     spans = [(int(starts[i]), int(starts[i + 1] - starts[i])) for i in range(7)]
     rows = [(q, [(3 + q, 1, 1.0), (6, 2, 1.0)]) for q in range(3)]
+    expected = late_interaction_loss(vectors, spans, rows, float(tensors["late_interaction.log_inverse_temperature"][0]),
+                                     float(tensors["late_interaction.bias"][0]), "ranked")
+    assert stats.late_interaction_loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_pictures_are_documents_of_one_token_vector_a_patch(cpu, tmp_path):
+    from reference import late_interaction_loss
+    from test_images import drawing
+    from test_media import png_bytes
+
+    rng = np.random.default_rng(8)
+    pictures = [drawing(shape, color, rng) for shape, color in (("disk", "red"), ("bar", "blue"), ("square", "green"))]
+    captions = ["a red disk", "a blue bar", "a green square"]
+    sides = [uform.LateInteractionSide.QUERY] * 3 + [uform.LateInteractionSide.DOCUMENT] * 3
+    step = dict(modalities=[uform.Modality.TEXT] * 3 + [uform.Modality.IMAGE] * 3, contents=captions + pictures,
+                sides=sides, relations=dict(attract=uform.Edges([0, 1, 2, 3, 3, 3, 3], [3, 4, 5]),
+                                            repel=uform.Edges([0, 1, 2, 3, 3, 3, 3], [4, 5, 3])))
+    made = config(late_interaction=dict(weight=1.0, width=32, max_query_span=16), choices=None)
+    made["batch"].update(max_choices_per_item=0, image=dict(patch_side=8))
+    path = str(tmp_path / "pictures.safetensors")
+    with uform.Trainer.init_ram(cpu, made) as trainer:
+        for _ in range(3):
+            trainer.step(step)
+        trainer.save(path)
+        stats, _ = trainer._probe(step)
+    import safetensors.numpy
+    tensors = safetensors.numpy.load_file(path)
+    with uform.Encoder.load(path, cpu) as encoder:
+        queries = encoder.embed_tokens(["text"] * 3, captions, sides=["query"] * 3)
+        documents = encoder.embed_tokens(["image"] * 3, pictures)
+        large = encoder.embed_tokens(["text", "image"], ["words", png_bytes(np.zeros((128, 96, 3), np.uint8))])
+        with pytest.raises(uform.InvalidArgument, match=r"contents\[1\]"):  # found while sizing
+            encoder.embed_tokens(["image"] * 2, [pictures[0], pictures[1][:50]])
+    assert [d.shape for d in documents] == [(16, 32)] * 3  # 32 x 32 pixels: 4 x 4 patches of 8
+    assert large.truncated_items == 1 and len(large[1]) <= 64 and len(large[0]) == 5  # shrunk to fit a row
+    vectors = np.concatenate(list(queries) + list(documents)).astype(np.float64)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, rtol=1e-5)
+    spans = [(16 * i, 16) for i in range(6)]
+    rows = [(q, [(3 + q, 1, 1.0), (3 + (q + 1) % 3, 2, 1.0)]) for q in range(3)]
     expected = late_interaction_loss(vectors, spans, rows, float(tensors["late_interaction.log_inverse_temperature"][0]),
                                      float(tensors["late_interaction.bias"][0]), "ranked")
     assert stats.late_interaction_loss == pytest.approx(expected, rel=1e-5)

@@ -709,7 +709,8 @@ class Encoder:
         `sides` (one `LateInteractionSide` per item; None reads every item as a document) decides how
         an item is read: a query (or an item that is both) is cut to the run's `max_query_span` bytes
         and padded up to it, so it answers that many rows; a document answers one row per byte, up to
-        `batch.max_columns_per_row`. Refused for a checkpoint trained without late interaction.
+        `batch.max_columns_per_row`, or one per patch, tubelet or chunk of an image, a video or a sound
+        (only text is a query). Refused for a checkpoint trained without late interaction.
         """
         worker = self._worker()
         worker.refuse_own_thread()

@@ -574,13 +574,16 @@ typedef struct uform_encoder_tokens_t {
                                   room for `offsets[count] * width` floats. */
     size_t width;            /**< Out: the token vectors' width. */
     uint64_t truncated_items; /**< Out: items cut to fit: a document longer than `max_columns_per_row`, a
-                                   query longer than `late_interaction.max_query_span`. */
+                                   query longer than `late_interaction.max_query_span`, media shrunk or cut
+                                   to fit a row. */
 } uform_encoder_tokens_t;
 
 /**
  *  @brief The token head's unit vectors of each item's rows, as the late-interaction term scores
  *  them in training. Refused (`uform_status_invalid_argument_k`) for a checkpoint trained without
- *  late interaction, which has no head. Only text items have token vectors in this build.
+ *  late interaction, which has no head. An image, a video or a sound is a document of one row per
+ *  patch, tubelet or chunk, in the order training packs them; only text is a query. The sizing call
+ *  decodes media to count their tokens, and the filling call decodes them again.
  */
 UFORM_API uform_status_t uform_encoder_embed_tokens(uform_encoder_t encoder, uform_encoder_tokens_t* tokens,
                                                     char const** error);

@@ -201,7 +201,35 @@ uform_status_t uform_encoder_choose(uform_encoder_t handle, uform_encoder_choose
     return status;
 }
 
-/* Each item's rows as training reads it: a query its span, anything else its bytes up to a row. */
+/* Counts the tokens of the media among items [first, first + count), decoding them on every core as the filling
+   call will again, into `rows` (`count`, left alone for text). Only a chunk at a time is held decoded. */
+static uform_status_t uform_encoder_media_rows(uform_encoder_s const* encoder, uform_encoder_tokens_t const* tokens,
+                                               size_t first, size_t count, uint64_t* rows, uint64_t* truncated,
+                                               char const** error) {
+    uint64_t* offsets = malloc((count + 1) * sizeof(uint64_t));
+    if (!offsets) return uform_fail(error, uform_status_out_of_memory_k, "no memory to count media tokens");
+    uform_status_t status = uform_status_success_k;
+    uform_tape_t part = {tokens->contents.data, tokens->contents.offsets + first, count, tokens->contents.size};
+    for (size_t i = 0; i <= count; ++i) offsets[i] = part.offsets[i]; /* read once: the decoder trusts them */
+    for (size_t i = 0; i != count && status == uform_status_success_k; ++i)
+        if (offsets[i + 1] <= offsets[i] || offsets[i + 1] > part.size)
+            status = uform_fail(error, uform_status_invalid_argument_k,
+                                "contents.offsets[%zu]: changed while the encoder read them", first + i + 1);
+    uform_decoded_s* decoded = NULL;
+    if (status == uform_status_success_k)
+        status = uform_decoded_make(&encoder->config, count, tokens->modalities + first, &part, offsets, first,
+                                    &decoded, error);
+    for (size_t i = 0; decoded && i != count; ++i)
+        if (decoded->values[i]) {
+            rows[i] = (uint64_t)decoded->grids[i].frames * decoded->grids[i].rows * decoded->grids[i].columns;
+            *truncated += decoded->grids[i].truncated != 0;
+        }
+    uform_decoded_release(decoded);
+    free(offsets);
+    return status;
+}
+
+/* Each item's rows as training reads it: a query its span, a media item its tokens, a text its bytes up to a row. */
 static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, uform_encoder_tokens_t* tokens,
                                                char const** error) {
     uform_trainer_init_vram_t const* c = &encoder->config.given;
@@ -214,16 +242,15 @@ static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, u
         if (modality < uform_modality_text_k || modality > uform_modality_audio_k)
             return uform_fail(error, uform_status_invalid_argument_k, "modalities[%zu]: %d is not a modality", i,
                               (int)modality);
-        if (modality != uform_modality_text_k)
-            return uform_fail(error, uform_status_unsupported_k,
-                              "modalities[%zu]: token vectors are read from text items; this one is modality %d", i,
-                              (int)modality);
         if (side == uform_late_interaction_none_k)
             return uform_fail(error, uform_status_invalid_argument_k,
                               "sides[%zu]: none has no token vectors; read an item as a query, a document or both", i);
         if (side < 0 || side > uform_late_interaction_query_and_document_k)
             return uform_fail(error, uform_status_invalid_argument_k, "sides[%zu]: %d is not a late-interaction side",
                               i, side);
+        if (modality != uform_modality_text_k && side != uform_late_interaction_document_k)
+            return uform_fail(error, uform_status_invalid_argument_k,
+                              "sides[%zu]: only text items are queries; this media item may be a document", i);
         uint64_t length = contents[i + 1] > contents[i] ? contents[i + 1] - contents[i] : 0;
         if (!length)
             return uform_fail(error, uform_status_invalid_argument_k,
@@ -231,10 +258,21 @@ static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, u
         /* Both calls, the one that sizes and the one that fills, answer the same count. */
         uint64_t rows = side != uform_late_interaction_document_k ? c->late_interaction.max_query_span
                                                                   : c->batch.max_columns_per_row;
-        tokens->truncated_items += length > rows;
+        tokens->truncated_items += modality == uform_modality_text_k && length > rows;
         if (length > rows || side != uform_late_interaction_document_k) length = rows;
-        tokens->offsets[i + 1] = tokens->offsets[i] + length;
+        tokens->offsets[i + 1] = length; /* media's tokens replace it below */
     }
+    /* Media items count the tokens they decode to; a chunk of items at a time, so memory stays bounded. */
+    size_t chunk = encoder->config.given.batch.max_segments_per_device;
+    for (size_t first = 0; first < tokens->count; first += chunk) {
+        size_t part = tokens->count - first < chunk ? tokens->count - first : chunk, media = 0;
+        for (size_t i = first; i != first + part; ++i) media += tokens->modalities[i] != uform_modality_text_k;
+        if (!media) continue;
+        uform_status_t status = uform_encoder_media_rows(encoder, tokens, first, part, tokens->offsets + first + 1,
+                                                         &tokens->truncated_items, error);
+        if (status != uform_status_success_k) return status;
+    }
+    for (size_t i = 0; i != tokens->count; ++i) tokens->offsets[i + 1] += tokens->offsets[i];
     return uform_status_success_k;
 }
 
