@@ -427,19 +427,21 @@ static uint32_t uform_media_position(int kind, uform_media_grid_t const* grid, u
     return token;
 }
 
-/* Places an item's decoded tokens: a shown one at its kind's front cursor under the media id, a hidden one at its
-   kind's back cursor, its values normalized over the token as the reconstruction's target, under the mask id. */
+/* Places an item's decoded tokens from token `start` on: a shown one at its kind's front cursor under the media id,
+   a hidden one at its kind's back cursor, its values normalized over the token as the reconstruction's target,
+   under the mask id. Items write apart from each other, so they are placed on every core at once. */
 static void uform_place_media(uform_packed_t* packed, uform_config_t const* config, uform_hiding_t const* hiding,
-                              uform_decoded_s const* decoded, size_t item, int kind, uform_media_runs_t* cursor) {
+                              uform_decoded_s const* decoded, size_t item, int kind, size_t start,
+                              uform_media_runs_t cursor) {
     uform_media_grid_t const* grid = &decoded->grids[item];
-    size_t width = packed->widths[kind], start = packed->tokens_count;
+    size_t width = packed->widths[kind];
     uint32_t tokens = grid->frames * grid->rows * grid->columns;
     for (uint32_t p = 0; p != tokens; ++p) {
         float const* values = decoded->values[item] + (size_t)p * width;
         int hidden = uform_media_hides(config, hiding, kind, item, p);
-        size_t row = hidden ? cursor->hidden_rows++ : cursor->shown_rows++;
-        float* to = packed->media_values + (hidden ? cursor->hidden_values : cursor->shown_values);
-        *(hidden ? &cursor->hidden_values : &cursor->shown_values) += width;
+        size_t row = hidden ? cursor.hidden_rows++ : cursor.shown_rows++;
+        float* to = packed->media_values + (hidden ? cursor.hidden_values : cursor.shown_values);
+        *(hidden ? &cursor.hidden_values : &cursor.shown_values) += width;
         if (hidden) {
             double sum = 0, squares = 0;
             for (size_t j = 0; j != width; ++j) sum += values[j], squares += (double)values[j] * values[j];
@@ -560,17 +562,27 @@ static uform_status_t uform_decoded_check(uform_decoded_s const* decoded, size_t
     return uform_status_success_k;
 }
 
-/* Counts each kind's shown and hidden tokens, so that each kind's runs can be placed contiguously. */
+/* Counts each kind's shown and hidden tokens, so that each kind's runs can be placed contiguously, and each media
+   item's hidden ones in `hidden` (count), where its placement starts each kind's runs. */
 static void uform_media_count(uform_packed_t* packed, uform_config_t const* config, uform_decoded_s const* decoded,
-                              uform_hiding_t const* hiding) {
+                              uform_hiding_t const* hiding, size_t* hidden) {
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) packed->media_shown[kind] = packed->media_hidden[kind] = 0;
     for (size_t i = 0; decoded && i != decoded->count; ++i) {
         int kind = uform_media_kind(decoded->modalities[i]);
         if (kind < 0) continue;
-        for (uint32_t p = 0, n = (uint32_t)uform_grid_tokens(&decoded->grids[i]); p != n; ++p)
-            ++*(uform_media_hides(config, hiding, kind, i, p) ? &packed->media_hidden[kind] : &packed->media_shown[kind]);
+        size_t tokens = uform_grid_tokens(&decoded->grids[i]);
+        hidden[i] = 0;
+        for (uint32_t p = 0; p != tokens; ++p) hidden[i] += uform_media_hides(config, hiding, kind, i, p);
+        packed->media_hidden[kind] += hidden[i], packed->media_shown[kind] += tokens - hidden[i];
     }
 }
+
+/* Where a media item's tokens go: its first token, and its kind's cursors before it. */
+typedef struct uform_placement_t {
+    size_t item, start;
+    int kind;
+    uform_media_runs_t cursor;
+} uform_placement_t;
 
 /* Cuts items to a row and packs them first-fit into rows, in item order, from the checked offsets' snapshot and
    the decoded media. Each temperature group is read once, into the packed copy, and checked there. */
@@ -586,10 +598,15 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
     packed->contrastive_rows = 0;
     packed->segments_count = count;
     uint32_t span = config->given.late_interaction.max_query_span;
-    uform_media_count(packed, config, decoded, hiding);
+    size_t* hidden = decoded ? malloc(count * (sizeof(size_t) + sizeof(uform_placement_t))) : NULL;
+    uform_placement_t* placements = hidden ? (uform_placement_t*)(hidden + count) : NULL;
+    if (decoded && !hidden) return uform_fail(error, uform_status_out_of_memory_k, "no memory to place %zu items", count);
+    uform_media_count(packed, config, decoded, hiding, hidden);
     uform_media_runs_t cursors[uform_media_kinds_k];
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) cursors[kind] = uform_media_runs(packed, kind);
-    for (size_t i = 0; i != count; ++i) {
+    size_t placed = 0;
+    uform_status_t status = uform_status_success_k;
+    for (size_t i = 0; i != count && status == uform_status_success_k; ++i) {
         /* An item offering choices ends with its choice position, so its content fits in one column less;
            a query's content is cut to max_query_span and padded up to it. */
         uint64_t choosing = uform_choices_of(packed, i) != 0, room = shape->max_columns_per_row - choosing;
@@ -608,10 +625,12 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
         size_t row = 0;
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
-            if (row == shape->max_rows_per_device)
-                return UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than "
-                                     "config.batch.max_rows_per_device = %u rows of %u columns",
-                                     first + i, shape->max_rows_per_device, shape->max_columns_per_row);
+            if (row == shape->max_rows_per_device) {
+                status = UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than "
+                                       "config.batch.max_rows_per_device = %u rows of %u columns",
+                                       first + i, shape->max_rows_per_device, shape->max_columns_per_row);
+                break;
+            }
             packed->row_fill[packed->rows_count++] = 0;
         }
         uform_segment_t* segment = &packed->segments[i];
@@ -621,8 +640,12 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
         segment->column = packed->row_fill[row];
         packed->row_fill[row] += (uint32_t)length;
         if (length > packed->longest) packed->longest = length;
-        if (kind >= 0) uform_place_media(packed, config, hiding, decoded, i, kind, &cursors[kind]);
-        else
+        if (kind >= 0) {
+            placements[placed++] = (uform_placement_t){i, packed->tokens_count, kind, cursors[kind]};
+            size_t width = packed->widths[kind], shown = content - hidden[i];
+            cursors[kind].shown_rows += shown, cursors[kind].shown_values += shown * width;
+            cursors[kind].hidden_rows += hidden[i], cursors[kind].hidden_values += hidden[i] * width;
+        } else
             for (uint32_t p = 0; p != length; ++p) {
                 packed->ids[packed->tokens_count + p] = p < content ? bytes[begin + p]
                                                         : p < padded  ? uform_query_pad_id_k
@@ -632,10 +655,17 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
         packed->tokens_count += length;
         uint32_t group = packed->groups[i] = groups ? groups[i] : 0;
         if (group >= group_count)
-            return UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below config.contrastive.temperature_groups = %u",
-                                 first + i, group, group_count);
+            status = UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below "
+                                   "config.contrastive.temperature_groups = %u", first + i, group, group_count);
     }
-    return uform_status_success_k;
+    if (status == uform_status_success_k) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t k = 0; k < placed; ++k)
+            uform_place_media(packed, config, hiding, decoded, placements[k].item, placements[k].kind,
+                              placements[k].start, placements[k].cursor);
+    }
+    free(hidden);
+    return status;
 }
 
 /* Packs the items with their media decoded ahead (`ahead`, checked to be theirs), or decoded here. */
