@@ -258,6 +258,22 @@ cdef class TapePin:
         return 0
 
 
+cdef class ItemsPin:
+    """Keeps the items every verb reads pinned while C reads them: their modalities and contents."""
+
+    cdef const uint32_t[::1] modalities
+    cdef TapePin contents
+
+    cdef size_t fill(self, const uform_modality_t** modalities, uform_tape_t* contents, object kinds,
+                     object pinnable) except? 0:
+        """`kinds`: a uint32 array of C modalities; `pinnable` as `TapePin.fill` takes it. Answers the count."""
+        self.modalities = kinds
+        self.contents = TapePin()
+        modalities[0] = <const uform_modality_t*>_per_item(self.modalities)
+        self.contents.fill(contents, pinnable)
+        return self.modalities.shape[0]
+
+
 cdef class EdgesPin:
     """Keeps one edge set's offsets, ids and weights pinned while C reads them."""
 
@@ -303,11 +319,10 @@ cdef class StepInputs:
     """One step's `uform_trainer_step_t` and every buffer it points into, pinned until collected."""
 
     cdef uform_trainer_step_t step
-    cdef const uint32_t[::1] modalities
+    cdef ItemsPin items
     cdef const uint32_t[::1] bags
     cdef const uint32_t[::1] groups
     cdef const uint32_t[::1] sides
-    cdef TapePin contents
     cdef TapePin choices
     cdef TapePin choice_targets
     cdef EdgesPin attract
@@ -319,12 +334,10 @@ cdef class StepInputs:
         """`batch`: the dict `uform.batch.normalize_batch` answers."""
         memset(&self.step, 0, sizeof(uform_trainer_step_t))
         self.source = batch  # whatever the views were made from stays alive with them
-        self.contents, self.choices, self.choice_targets = TapePin(), TapePin(), TapePin()
+        self.items, self.choices, self.choice_targets = ItemsPin(), TapePin(), TapePin()
         self.attract, self.repel, self.ignore = EdgesPin(), EdgesPin(), EdgesPin()
-        self.step.count = batch["count"]
-        self.modalities = batch["modalities"]
-        self.step.modalities = <const uform_modality_t*>_per_item(self.modalities)
-        self.contents.fill(&self.step.contents, batch["contents"])
+        self.step.count = self.items.fill(&self.step.modalities, &self.step.contents, batch["modalities"],
+                                          batch["contents"])
         if batch["bags"] is not None:
             self.bags = batch["bags"]
             self.step.bags = _per_item(self.bags)
@@ -349,7 +362,7 @@ cdef class StepInputs:
         """Whether any item is an image, a video or audio: what `uform_trainer_decode` decodes."""
         cdef size_t i
         for i in range(self.step.count):
-            if self.modalities[i] != uform_modality_text_k:
+            if self.step.modalities[i] != uform_modality_text_k:
                 return True
         return False
 
@@ -622,17 +635,14 @@ cdef class EncoderHandle(Handle):
     def embed_tokens(self, modalities, contents, sides):
         """Unit token vectors of pinnable `contents`, read as `sides` (a uint32 array, or None for
         documents): answers (float32 vectors of rows x width, uint64 row offsets, truncated items)."""
-        cdef const uint32_t[::1] kinds = modalities
         cdef const uint32_t[::1] side_values
-        cdef TapePin tape = TapePin()
+        cdef ItemsPin items = ItemsPin()
         cdef uform_encoder_tokens_t tokens
         cdef const char* message = NULL
         cdef uform_status_t status
         cdef uform_encoder_t encoder = self.live()
         memset(&tokens, 0, sizeof(tokens))
-        tokens.count = kinds.shape[0]
-        tokens.modalities = <const uform_modality_t*>_per_item(kinds)
-        tape.fill(&tokens.contents, contents)
+        tokens.count = items.fill(&tokens.modalities, &tokens.contents, modalities, contents)
         if sides is not None:
             side_values = sides
             tokens.sides = <const uform_late_interaction_side_t*>_per_item(side_values)
@@ -674,16 +684,13 @@ cdef class EncoderHandle(Handle):
 
         Answers how many items were cut to the checkpoint's `max_columns_per_row`.
         """
-        cdef const uint32_t[::1] kinds = modalities
-        cdef TapePin tape = TapePin()
+        cdef ItemsPin items = ItemsPin()
         cdef uform_encoder_embed_t embed
         cdef const char* message = NULL
         cdef uform_status_t status
         cdef uform_encoder_t encoder = self.live()
         memset(&embed, 0, sizeof(embed))
-        embed.count = kinds.shape[0]
-        embed.modalities = <const uform_modality_t*>_per_item(kinds)
-        tape.fill(&embed.contents, contents)
+        embed.count = items.fill(&embed.modalities, &embed.contents, modalities, contents)
         embed.embeddings = _landing(embeddings)
         embed.embeddings_scalar = <uform_scalar_t>scalar
         with nogil:
