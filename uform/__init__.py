@@ -117,7 +117,52 @@ def _alive(borrower: Any) -> bool:
     return native is not None and native.alive
 
 
-class Executor:
+class _Native:
+    """What the library's objects share: a native handle (None once freed), named `_noun` in messages,
+    and `with` blocks that free it."""
+
+    _noun = "handle"
+    _native: Any
+
+    @property
+    def alive(self) -> bool:
+        """False once freed."""
+        return _alive(self)
+
+    def _handle(self) -> Any:
+        native = self._native
+        if native is None:
+            raise InvalidHandle(f"{self._noun}: used after free()")
+        return native
+
+    def free(self) -> None:  # each kind's own
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        self.free()
+
+
+class _OnExecutor(_Native):
+    """A trainer or an encoder: its verbs run on the worker of the executor it borrows."""
+
+    _executor: Any
+
+    @property
+    def executor(self) -> Optional["Executor"]:
+        """The executor this borrows; None once freed."""
+        return self._executor
+
+    def _worker(self) -> Worker:
+        executor = self._executor
+        if self._native is None or executor is None:
+            raise InvalidHandle(f"{self._noun}: used after free()")
+        return executor._worker_thread()
+
+
+class Executor(_Native):
     """Where work runs: the CPU reference backend (`for_ram`) or a set of GPUs (`for_vram`).
 
     Verbs of the trainers and encoders on one executor run on its worker thread, one after another, in the order
@@ -157,21 +202,12 @@ class Executor:
                 raise InvalidArgument("devices: empty; leave it absent for every visible device")
         return cls._wrap(_native.ExecutorHandle.for_vram(ordinals), "vram")
 
+    _noun = "executor"
+
     @property
     def kind(self) -> str:
         """"ram" or "vram"."""
         return self._kind
-
-    @property
-    def alive(self) -> bool:
-        """False once freed."""
-        return _alive(self)
-
-    def _handle(self) -> Any:
-        native = self._native
-        if native is None:
-            raise InvalidHandle("executor: used after free()")
-        return native
 
     def _worker_thread(self) -> Worker:
         with self._lock:
@@ -198,17 +234,11 @@ class Executor:
         if worker is not None:
             worker.stop()
 
-    def __enter__(self) -> "Executor":
-        return self
-
-    def __exit__(self, *exception: Any) -> None:
-        self.free()
-
     def __repr__(self) -> str:
         return f"<uform.Executor {self._kind}{'' if self._native is not None else ' freed'}>"
 
 
-class Mesh:
+class Mesh(_Native):
     """The processes of one run and the communicator that joins their devices.
 
     A trainer borrows its mesh until freed; freeing a mesh that a live trainer borrows raises
@@ -247,21 +277,12 @@ class Mesh:
         executor._borrowers.add(mesh)
         return mesh
 
+    _noun = "mesh"
+
     @property
     def executor(self) -> Optional[Executor]:
         """The executor whose devices this process brings; None once freed."""
         return self._executor
-
-    @property
-    def alive(self) -> bool:
-        """False once freed."""
-        return _alive(self)
-
-    def _handle(self) -> Any:
-        native = self._native
-        if native is None:
-            raise InvalidHandle("mesh: used after free()")
-        return native
 
     def free(self) -> None:
         """Frees the mesh; harmless when already freed. Raises `uform.Busy` while a live trainer borrows it."""
@@ -273,12 +294,6 @@ class Mesh:
         self._native = None
         self._executor._borrowers.discard(self)
         self._executor = None
-
-    def __enter__(self) -> "Mesh":
-        return self
-
-    def __exit__(self, *exception: Any) -> None:
-        self.free()
 
     def __repr__(self) -> str:
         return f"<uform.Mesh{'' if self._native is not None else ' freed'}>"
@@ -372,7 +387,7 @@ class _Lookahead:
             return self._ahead.result()
 
 
-class Trainer:
+class Trainer(_OnExecutor):
     """One training run: the weights, the optimizer's moments and the step.
 
     Every verb blocks until it lands, behind the deferred verbs already submitted on the same
@@ -420,32 +435,12 @@ class Trainer:
             mesh._borrowers.add(trainer)
         return trainer
 
-    @property
-    def executor(self) -> Optional[Executor]:
-        """The executor this trainer borrows; None once freed."""
-        return self._executor
+    _noun = "trainer"
 
     @property
     def mesh(self) -> Optional[Mesh]:
         """The mesh this trainer borrows, if any; None once freed."""
         return self._mesh
-
-    @property
-    def alive(self) -> bool:
-        """False once freed."""
-        return _alive(self)
-
-    def _handle(self) -> Any:
-        native = self._native
-        if native is None:
-            raise InvalidHandle("trainer: used after free()")
-        return native
-
-    def _worker(self) -> Worker:
-        executor = self._executor
-        if self._native is None or executor is None:
-            raise InvalidHandle("trainer: used after free()")
-        return executor._worker_thread()
 
     def _inputs(self, batch: Any):
         """The pinned inputs of `batch`, and its media decoded ahead when it is a `Decoded` of this trainer."""
@@ -558,12 +553,6 @@ class Trainer:
         native = self._handle()
         return self._worker().run(native.weights)
 
-    def __enter__(self) -> "Trainer":
-        return self
-
-    def __exit__(self, *exception: Any) -> None:
-        self.free()
-
     def __repr__(self) -> str:
         state = "" if self._native is not None else " freed"
         kind = self._executor.kind if self._executor is not None else "?"
@@ -617,7 +606,7 @@ class Answers(list):
         self.truncated_items = int(truncated_items)
 
 
-class Encoder:
+class Encoder(_OnExecutor):
     """A checkpoint loaded for inference: pooled embeddings, token vectors and choices, computed as
     training computes them.
 
@@ -652,27 +641,7 @@ class Encoder:
         """The embeddings' width."""
         return self._handle().hidden
 
-    @property
-    def executor(self) -> Optional[Executor]:
-        """The executor this encoder borrows; None once freed."""
-        return self._executor
-
-    @property
-    def alive(self) -> bool:
-        """False once freed."""
-        return _alive(self)
-
-    def _handle(self) -> Any:
-        native = self._native
-        if native is None:
-            raise InvalidHandle("encoder: used after free()")
-        return native
-
-    def _worker(self) -> Worker:
-        executor = self._executor
-        if self._native is None or executor is None:
-            raise InvalidHandle("encoder: used after free()")
-        return executor._worker_thread()
+    _noun = "encoder"
 
     def _embed_call(self, modalities: Any, contents: Any, scalar: Any, arena: Any):
         """Checks the items and claims the arena now; answers the call that embeds them on the worker."""
@@ -773,12 +742,6 @@ class Encoder:
         executor._worker_thread().run(native.free)
         self._native = self._executor = None
         executor._borrowers.discard(self)
-
-    def __enter__(self) -> "Encoder":
-        return self
-
-    def __exit__(self, *exception: Any) -> None:
-        self.free()
 
     def __repr__(self) -> str:
         return f"<uform.Encoder{'' if self._native is not None else ' freed'}>"
