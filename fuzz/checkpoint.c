@@ -1,8 +1,9 @@
 /**
  *  @file   checkpoint.c
  *  @brief  libFuzzer target: arbitrary bytes as a checkpoint file, read by `uform_encoder_load`
- *          (which takes its geometry from the file) and by `uform_trainer_init_ram` with `resume`
- *          (which brings its own geometry), through the one reader both share.
+ *          (which takes its geometry from the file), by `uform_trainer_init_ram` with `resume`
+ *          (which brings its own geometry) and by `uform_checkpoint_note`, through the one reader
+ *          all three share.
  *
  *  Every outcome must be success or `invalid_checkpoint` with a message. A file that loads must
  *  embed an item. Crashes, reads out of bounds and leaks are AddressSanitizer's to report;
@@ -126,5 +127,18 @@ int LLVMFuzzerTestOneInput(uint8_t const* data, size_t size) {
         if (status != uform_status_success_k) fuzz_die("trainer_free", status, error);
     } else
         fuzz_expect_refusal("trainer_init_ram with resume", status, error);
+
+    /* The note's length, then the note in exactly that room: the two calls must agree. */
+    size_t length = 0, found = 0;
+    status = uform_checkpoint_note(fuzz_path, NULL, 0, &length, &error);
+    if (status == uform_status_success_k) {
+        char* note = malloc(length + 1);
+        if (!note) abort();
+        status = uform_checkpoint_note(fuzz_path, note, length + 1, &found, &error);
+        if (status != uform_status_success_k || found != length || note[length] != 0)
+            fuzz_die("a note read back unlike its length", status, error);
+        free(note);
+    } else
+        fuzz_expect_refusal("checkpoint_note", status, error);
     return 0;
 }

@@ -198,6 +198,8 @@ def main():
         "zeros_header": b"Z" + whole[: 8 + length],
         "zeros_minimal_config": b"Z" + safetensors(dict(header, __metadata__=dict(
             metadata, config=json.dumps({"depth": 1, "hidden": 128, "contrastive": {"temperature_groups": 1}})))),
+        "zeros_note": b"Z" + safetensors(dict(header, __metadata__=dict(
+            metadata, note=json.dumps({"step": 1, "cursor": {"shard": "caf\u00e9 \U0001F600"}}) + '\n"\\'))),
     }
     # Headers one edit away from loading, each refused by a check that random edits of JSON text
     # rarely reach: another dtype of the same size, a tensor the geometry lacks, overlapping

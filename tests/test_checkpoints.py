@@ -156,6 +156,7 @@ def test_bytes_after_the_last_tensor(cpu, good, tmp_path):
     (b'{"__metadata__": []}', "expected '{', found '\\['"),
     (b'{"__metadata__": {}, "__metadata__": {}}', "__metadata__ is given twice"),
     (b'{"__metadata__": {"step": "1", "step": "2"}}', r"__metadata__\.step is given twice"),
+    (b'{"__metadata__": {"note": "a", "note": "b"}}', r"__metadata__\.note is given twice"),
     (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": tru}}', "'t' does not start a JSON value"),
     (b'{"a": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}}', "expected a non-negative integer"),
     (b'{"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "expected a non-negative integer"),
@@ -177,6 +178,8 @@ def test_bytes_after_the_last_tensor(cpu, good, tmp_path):
 def test_malformed_headers(cpu, tmp_path, header, message):
     path = raw(tmp_path / "bad.safetensors", struct.pack("<Q", len(header)) + header + b"\0" * 8)
     refused(cpu, path, uform.InvalidCheckpoint, message)
+    with pytest.raises(uform.InvalidCheckpoint, match=message):  # the note's reader shares the parser
+        uform.checkpoint_note(path)
 
 
 def test_non_utf8_bytes_in_a_name(cpu, good, tmp_path):
@@ -326,6 +329,7 @@ def with_metadata(checkpoint, **changes):
     (dict(step="1" * 40), r'__metadata__\.step "1111111111111111111111111111111\.\.\." is not a step count'),
     (dict(config=None), r"lacks its config in __metadata__\.config"),
     (dict(config="x" * 5000), r"__metadata__\.config is 5000 bytes, over 4095"),
+    (dict(note=["a cursor"]), r"__metadata__\.note is not a string"),
 ])
 def test_metadata(cpu, good, tmp_path, changes, message):
     checkpoint = with_metadata(Checkpoint(good), **changes)

@@ -1,6 +1,7 @@
 """The `uform` command end to end on a tiny config: train, evaluate, rotate checkpoints, resume, embed,
-info; SIGTERM mid-run leaves a checkpoint that resumes to the same weights as a run never stopped;
-logs as JSON lines and TensorBoard events, read back here.
+info; SIGTERM mid-run leaves a checkpoint that resumes to the same weights as a run never stopped, its
+stream's cursor in the checkpoint's note (or, from older versions, in a file beside it); logs as JSON
+lines and TensorBoard events, read back here.
 """
 
 import glob
@@ -140,8 +141,10 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
     folder = os.path.join(os.path.dirname(config), "runs", "pairs")
     assert cli.main(["train", config]) == 0
     assert steps_in(folder) == [6, 9]  # every 3 steps, the newest 2 kept
-    assert sorted(os.listdir(os.path.join(folder, "checkpoints"))) == [
-        f"step-00000000{s}.{kind}" for s in (6, 9) for kind in ("cursor.json", "safetensors")]
+    assert sorted(os.listdir(os.path.join(folder, "checkpoints"))) == [f"step-00000000{s}.safetensors" for s in (6, 9)]
+    for step, path in cli.checkpoints_in(os.path.join(folder, "checkpoints")):
+        written = json.loads(uform.checkpoint_note(path))
+        assert written["step"] == step and written["cursor"]["batch"] == step  # one device batch a step
     log = read_log(folder)
     trained = [line for line in log if "loss" in line]
     assert [line["step"] for line in trained] == list(range(1, 10))
@@ -191,9 +194,21 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert cli.main(["info", checkpoint, "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["step"] == 3 and described["config"]["hidden"] == 128 and described["cursor"]["batch"] == 3
+    assert json.loads(described["note"]) == dict(step=3, cursor=described["cursor"])
     assert described["tensors"]["text.embedding"]["shape"] == [260, 128]
     weights = safetensors.numpy.load_file(checkpoint)
     assert described["geometry"]["parameters"] == sum(t.size for name, t in weights.items() if not name.startswith("adamw."))
+
+    by_hand = os.path.join(os.path.dirname(config), "by-hand.safetensors")  # a note of someone else's
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1))) as trainer:
+        trainer.save(by_hand, note="fine-tuned by hand")
+    assert cli.main(["info", by_hand]) == 0
+    printed = capsys.readouterr().out
+    assert "note: fine-tuned by hand" in printed and "stream:" not in printed
+    assert cli.main(["info", by_hand, "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["note"] == "fine-tuned by hand" and "cursor" not in described
 
 
 def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
@@ -250,6 +265,7 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
     assert "stopped by SIGTERM" in errors
     (stopped,) = steps_in(str(tmp_path / "runs" / "broken"))
     assert 5 <= stopped < steps
+    assert os.listdir(tmp_path / "runs" / "broken" / "checkpoints") == [f"step-{stopped:09d}.safetensors"]
     checkpoint = glob.glob(str(tmp_path / "runs" / "broken" / "checkpoints" / "*.safetensors"))[0]
     with uform.Executor.for_ram(threads=1) as cpu, uform.Encoder.load(checkpoint, cpu):
         pass
@@ -260,6 +276,48 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
     assert first.keys() == second.keys()
     for name in first:
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+def test_a_checkpoint_without_a_cursor_is_refused_and_an_older_versions_cursor_beside_it_read(run, tmp_path, capsys):
+    """Before checkpoints carried notes, the cursor lay beside each in `step-N.cursor.json`: such a run
+    folder still resumes exactly. A checkpoint with neither cursor is refused, named, not resumed with
+    its data from the start."""
+    folder = tmp_path / "runs" / "pairs" / "checkpoints"
+    assert cli.main(["train", run()]) == 0
+    unbroken = safetensors.numpy.load_file(str(folder / "step-000000009.safetensors"))
+    os.remove(folder / "step-000000009.safetensors")  # as if stopped after step 6
+    older = str(folder / "step-000000006.safetensors")
+    with safetensors.safe_open(older, framework="numpy") as file:
+        metadata, tensors = file.metadata(), {name: file.get_tensor(name) for name in file.keys()}
+    written = json.loads(metadata.pop("note"))
+    written["cursor"]["shards"] = [str(tmp_path / "train.jsonl")]  # beside the checkpoint, the list itself
+    safetensors.numpy.save_file(tensors, older, metadata=metadata)
+    assert uform.checkpoint_note(older) is None
+    capsys.readouterr()
+    assert cli.main(["train", run()]) == 1
+    assert f"{older}: no stream cursor in its note (nor in step-000000006.cursor.json beside it)" in capsys.readouterr().err
+
+    (folder / "step-000000006.cursor.json").write_text(json.dumps(written, indent=1))
+    assert cli.main(["train", run(**{"keep = 2": "keep = 1"})]) == 0
+    assert os.listdir(folder) == ["step-000000009.safetensors"]  # the older cursor went with its checkpoint
+    resumed = safetensors.numpy.load_file(str(folder / "step-000000009.safetensors"))
+    assert resumed.keys() == unbroken.keys()
+    for name in unbroken:
+        np.testing.assert_array_equal(resumed[name], unbroken[name], err_msg=name)
+
+
+def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):
+    """A dataset of many shards lists more than a note holds; the note keeps the list's digest."""
+    many = {'paths = ["train.jsonl"]': f'paths = {json.dumps(["train.jsonl"] * 20000)}'}
+    assert cli.main(["train", run(steps=3, **many)]) == 0
+    assert cli.main(["train", run(steps=6, **many)]) == 0  # resumed: the digest matched, the list was checked
+    step, path = cli.checkpoints_in(str(tmp_path / "runs" / "pairs" / "checkpoints"))[-1]
+    cursor = json.loads(uform.checkpoint_note(path))["cursor"]
+    assert step == 6 and cursor["shards"] == cli.shards_digest([str(tmp_path / "train.jsonl")] * 20000)
+    assert len(json.dumps([str(tmp_path / "train.jsonl")] * 20000)) > 2**20
+    capsys.readouterr()
+    assert cli.main(["train", run(steps=9)]) == 1  # the same run over other shards
+    assert f"data.paths: the stream being resumed read shards = '{cursor['shards']}'" in capsys.readouterr().err
 
 
 def test_the_tutorials_config_is_one_uform_train_reads(tmp_path):

@@ -1,9 +1,15 @@
-"""Weights-only checkpoints, for release, and the encoder that holds the weights alone.
+"""Weights-only checkpoints, for release, and the encoder that holds the weights alone; and the note a
+caller keeps in either kind of checkpoint.
 
 `save(path, weights_only=True)` writes the weights, the step and the config without AdamW's moments: a
 third of the file, read by `safetensors` and by `Encoder.load`, refused by `resume`. An encoder of either
 kind of file embeds bit for bit alike, and takes the weights and one pass's activations, not a trainer's
 moments, gradients and saved activations.
+
+`save(path, note=...)` stores text as `__metadata__.note`, escaped into the header, and
+`uform.checkpoint_note(path)` reads it back byte for byte, as `safetensors` does. A noted checkpoint
+resumes and loads as one without; a note the library cannot store is refused by name and leaves the
+previous file as it was.
 """
 import json
 import os
@@ -205,3 +211,104 @@ def test_an_encoder_holds_the_weights_and_one_pass(cpu, tmp_path):
     (shallow, _, shallow_encoder), (deep, deep_trainer, deep_encoder) = taken[1], taken[4]
     assert deep_encoder < deep_trainer / 3  # at hidden 128 the media projections and decoders weigh as much as 4 blocks
     assert deep_encoder - shallow_encoder == 4 * (deep - shallow)  # float32 weights on the CPU, nothing per block
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Notes                                                                                           #
+# ---------------------------------------------------------------------------------------------- #
+
+# Quotes, backslashes, newlines and every other control character, non-ASCII, a line separator that
+# JavaScript once refused, a character past the Basic Multilingual Plane, and JSON inside the text.
+NOTE = ('{"cursor": {"shard": 2}, "path": "C:\\\\runs\\\\a \\"b\\""}\n\ttab\r' + "".join(map(chr, range(1, 32)))
+        + "\x7f café 東京 \u2028 😀 \\u0041 /")
+
+
+@pytest.fixture(scope="module")
+def notes(cpu, tmp_path_factory):
+    """One run after two steps, saved whole and weights-only, each with and without the note."""
+    folder = tmp_path_factory.mktemp("notes")
+    paths = {name: str(folder / f"{name}.safetensors") for name in ("plain", "noted", "weights", "noted_weights")}
+    with uform.Trainer.init_ram(cpu, TINY) as trainer:
+        for _ in range(2):
+            trainer.step(pairs())
+        trainer.save(paths["plain"])
+        trainer.save(paths["noted"], note=NOTE)
+        trainer.save(paths["weights"], weights_only=True)
+        trainer.deferred().save(paths["noted_weights"], weights_only=True, note=NOTE).wait()
+    return paths
+
+
+def test_the_note_reads_back_whole_through_uform_and_safetensors(notes):
+    for plain, noted in ((notes["plain"], notes["noted"]), (notes["weights"], notes["noted_weights"])):
+        assert uform.checkpoint_note(noted) == NOTE
+        assert metadata(noted) == dict(metadata(plain), note=NOTE)  # the note is all that differs
+        assert uform.checkpoint_note(plain) is None and "note" not in metadata(plain)
+        whole, kept = safetensors.numpy.load_file(plain), safetensors.numpy.load_file(noted)
+        assert kept.keys() == whole.keys()
+        assert all(kept[name].tobytes() == whole[name].tobytes() for name in whole)
+
+
+def test_an_empty_note_is_none_and_the_longest_fits(cpu, tmp_path):
+    path = str(tmp_path / "run.safetensors")
+    longest = "é" * (2**19 - 1) + "xy"  # 2^20 bytes of UTF-8
+    with uform.Trainer.init_ram(cpu, TINY) as trainer:
+        trainer.save(path, note="")
+        assert uform.checkpoint_note(path) is None and "note" not in metadata(path)
+        trainer.save(path, note=longest)
+    assert uform.checkpoint_note(path) == longest and metadata(path)["note"] == longest
+
+
+def test_a_noted_checkpoint_resumes_and_loads_as_one_without(cpu, notes):
+    def resumed(path):
+        with uform.Trainer.init_ram(cpu, dict(TINY, resume=path)) as trainer:
+            assert trainer.step(pairs()).stats.step == 3
+            return trainer._weights()
+
+    assert resumed(notes["noted"]).tobytes() == resumed(notes["plain"]).tobytes()
+    items = ["a small red panda", "bamboo", "x" * 40]
+    expected = None
+    for name in ("plain", "noted", "weights", "noted_weights"):
+        with uform.Encoder.load(notes[name], cpu) as encoder:
+            embedded = np.array(encoder.embed([TEXT] * len(items), items)).tobytes()
+        expected = expected or embedded
+        assert embedded == expected, name
+
+
+@pytest.mark.parametrize("note, message", [
+    ("x" * (2**20 + 1), r"^note: 1048577 bytes, over the 1048576 a checkpoint holds$"),
+    ("é" * 2**19 + "x", r"^note: 1048577 bytes, over the 1048576"),
+    ("before\0after", r"^note: a NUL character at 6"),
+    ("lone \ud800 surrogate", r"^note: not encodable as UTF-8 \(surrogates not allowed at 5\)$"),
+    (b"bytes", r"^note: expected a str or None, got bytes$"),
+    (3, r"^note: expected a str or None, got int$"),
+])
+def test_a_note_the_library_cannot_store_is_refused_by_name(cpu, tmp_path, note, message):
+    path = str(tmp_path / "kept.safetensors")
+    with uform.Trainer.init_ram(cpu, TINY) as trainer:
+        trainer.save(path, note="the old one")
+        trainer.step(pairs())
+        for weights_only in (False, True):
+            with pytest.raises(uform.InvalidArgument, match=message):
+                trainer.save(path, weights_only=weights_only, note=note)
+            with pytest.raises(uform.InvalidArgument, match=message):
+                trainer.deferred().save(path, weights_only=weights_only, note=note).wait()
+    assert uform.checkpoint_note(path) == "the old one" and metadata(path)["step"] == "0"
+
+
+def test_the_reader_decodes_any_writers_escapes_and_checks_the_file(notes, tmp_path):
+    """The header rewritten with every non-ASCII character escaped, surrogate pairs included, reads as the
+    same note; a file that is no checkpoint is refused as `Encoder.load` refuses it."""
+    with open(notes["noted"], "rb") as file:
+        whole = file.read()
+    (length,) = struct.unpack("<Q", whole[:8])
+    header = json.dumps(json.loads(whole[8:8 + length])).encode()
+    assert b"\\ud83d\\ude00" in header and b"\\u2028" in header
+    path = tmp_path / "other.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + whole[8 + length:])
+    assert uform.checkpoint_note(path) == NOTE
+    with open(path, "r+b") as file:
+        file.write(b"\xff" * 8)
+    with pytest.raises(uform.InvalidCheckpoint, match=r"^path: .*other\.safetensors claims a header of"):
+        uform.checkpoint_note(path)
+    with pytest.raises(uform.StorageError, match=r"^path: cannot open .*missing\.safetensors"):
+        uform.checkpoint_note(tmp_path / "missing.safetensors")

@@ -60,6 +60,7 @@ __version__ = _native.version()
 __all__ = [
     "__version__",
     "capabilities",
+    "checkpoint_note",
     "Executor",
     "Mesh",
     "Trainer",
@@ -110,6 +111,29 @@ def capabilities() -> set:
     media formats it decodes ("jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "mp4", "webm", "mkv")."""
     bits = _native.capabilities()
     return {name for name, bit in _native.C_ENUMS["capability"].items() if bits & bit}
+
+
+def checkpoint_note(path: Any) -> Optional[str]:
+    """The note `Trainer.save(path, note=...)` stored in a checkpoint, or None when it holds none.
+
+    The file is checked as `Encoder.load` checks its structure (`InvalidCheckpoint` naming what is wrong);
+    its tensors are not read.
+    """
+    note = _native.checkpoint_note(encode_path(path, "path"))
+    return note.decode("utf-8") if note else None
+
+
+def _note_bytes(note: Any) -> bytes:
+    """A note as the UTF-8 the library stores; the library refuses one too long, naming its length."""
+    if not isinstance(note, str):
+        raise InvalidArgument(f"note: expected a str or None, got {type(note).__name__}")
+    try:
+        encoded = note.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate, which no UTF-8 text holds
+        raise InvalidArgument(f"note: not encodable as UTF-8 ({error.reason} at {error.start})") from None
+    if b"\0" in encoded:  # C would read the note only up to it
+        raise InvalidArgument(f"note: a NUL character at {note.index(chr(0))}; a note is text without one")
+    return encoded
 
 
 def _alive(borrower: Any) -> bool:
@@ -474,12 +498,13 @@ class Trainer(_OnExecutor):
             ahead = lookahead.submit(lambda: native.decode(inputs))
         return call
 
-    def _save_call(self, path: Any, weights_only: Any):
+    def _save_call(self, path: Any, weights_only: Any, note: Any):
         native = self._handle()
         destination = encode_path(path, "path")
         if weights_only is not None and not isinstance(weights_only, (bool, np.bool_)):  # "no" is truthy: refuse it
             raise InvalidArgument(f"weights_only: expected True or False, got {type(weights_only).__name__} {weights_only!r}")
-        return lambda: native.save(destination, bool(weights_only))
+        text = None if note is None else _note_bytes(note)
+        return lambda: native.save(destination, bool(weights_only), text)
 
     def step(self, batch: Any, config: Any = None) -> Stepped:
         """Applies one optimizer step over this process's items and every peer's.
@@ -491,14 +516,15 @@ class Trainer(_OnExecutor):
         worker.refuse_own_thread()  # before the step claims its arena
         return worker.run(self._step_call(batch, config))
 
-    def save(self, path: Any, weights_only: bool = False) -> None:
+    def save(self, path: Any, weights_only: bool = False, note: Optional[str] = None) -> None:
         """Writes the weights, the optimizer's moments and the step as one safetensors checkpoint.
 
         The file is written beside `path` and renamed into place, so a crash keeps the previous one.
         `weights_only=True` leaves the moments out, for release: a third of the size, loaded by
-        `Encoder.load`, refused by `resume` (`InvalidCheckpoint`).
+        `Encoder.load`, refused by `resume` (`InvalidCheckpoint`). `note`, text of at most 1 MiB as
+        UTF-8, rides in the file's metadata for `checkpoint_note` to read back; empty is none.
         """
-        call = self._save_call(path, weights_only)
+        call = self._save_call(path, weights_only, note)
         self._worker().run(call)
 
     def decode(self, batch: Any) -> "Decoded":
@@ -589,9 +615,9 @@ class TrainerDeferred:
             trainer._ahead = _Lookahead()
         return self._submit("step", trainer._step_call, batch, config, trainer._ahead)
 
-    def save(self, path: Any, weights_only: bool = False) -> Deferred:
+    def save(self, path: Any, weights_only: bool = False, note: Optional[str] = None) -> Deferred:
         """`Trainer.save`, deferred."""
-        return self._submit("save", self._trainer._save_call, path, weights_only)
+        return self._submit("save", self._trainer._save_call, path, weights_only, note)
 
     def __repr__(self) -> str:
         return f"<uform.TrainerDeferred of {self._trainer!r}>"

@@ -548,18 +548,22 @@ cdef class TrainerHandle(Handle):
         check(status, message, "uform_trainer_step")
         return _stats(&inputs.step.stats)
 
-    def save(self, bytes path, bint weights_only):
-        """Writes a checkpoint; `weights_only` leaves out the optimizer's moments."""
+    def save(self, bytes path, bint weights_only, bytes note):
+        """Writes a checkpoint; `weights_only` leaves out the optimizer's moments; `note` (UTF-8 without NUL,
+        or None) rides in its metadata."""
         cdef const char* message = NULL
         cdef uform_status_t status
         cdef uform_trainer_t trainer = self.live()
         cdef const char* destination = path
+        cdef const char* text = NULL
+        if note is not None:
+            text = note
         with nogil:
             if weights_only:
-                status = uform_trainer_save_weights(trainer, destination, &message)
+                status = uform_trainer_save_weights_noted(trainer, destination, text, &message)
             else:
-                status = uform_trainer_save(trainer, destination, &message)
-        check(status, message, "uform_trainer_save_weights" if weights_only else "uform_trainer_save")
+                status = uform_trainer_save_noted(trainer, destination, text, &message)
+        check(status, message, "uform_trainer_save_weights_noted" if weights_only else "uform_trainer_save_noted")
 
     def parameters(self):
         """How many floats the flat weights (and gradients) hold."""
@@ -602,6 +606,23 @@ cdef class TrainerHandle(Handle):
             status = uform_trainer_probe(trainer, &inputs.step, pointer, &message)
         check(status, message, "uform_trainer_probe")
         return _stats(&inputs.step.stats), gradients
+
+
+def checkpoint_note(bytes path):
+    """The note a checkpoint carries, as UTF-8 bytes; empty when it carries none."""
+    cdef const char* source = path
+    cdef size_t length = 0
+    cdef const char* message = NULL
+    cdef uform_status_t status
+    with nogil:  # first, the note's length
+        status = uform_checkpoint_note(source, NULL, 0, &length, &message)
+    check(status, message, "uform_checkpoint_note")
+    note = bytearray(length + 1)
+    cdef char* landing = note
+    with nogil:
+        status = uform_checkpoint_note(source, landing, length + 1, &length, &message)
+    check(status, message, "uform_checkpoint_note")
+    return bytes(note[:length])
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -168,52 +169,62 @@ def load_config(path: str) -> TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------- #
-#  Checkpoints and the stream's cursor beside each                                                 #
+#  Checkpoints, each with the stream's cursor in its note                                          #
 # ---------------------------------------------------------------------------------------------- #
 
 _CHECKPOINT = re.compile(r"step-(\d+)\.safetensors$")
 
 
 def cursor_path(checkpoint: str) -> str:
-    """The stream's cursor beside a checkpoint: `step-N.safetensors` has `step-N.cursor.json`."""
+    """Where older versions wrote a checkpoint's cursor: `step-N.safetensors` had `step-N.cursor.json`."""
     return checkpoint[: -len(".safetensors")] + ".cursor.json"
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Writes beside `path` and renames, so a crash leaves the old file or the new, never half of one."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-
-
 def checkpoints_in(folder: str) -> List[Tuple[int, str]]:
-    """(step, path) of every complete checkpoint, oldest first. The checkpoint is written first and its
-    cursor second, so a checkpoint without a cursor is one a crash interrupted, and is passed over."""
+    """(step, path) of every checkpoint, oldest first. Each is whole: the library writes it beside its
+    name and renames it into place, cursor and all."""
     if not os.path.isdir(folder):
         return []
     found = []
     for name in os.listdir(folder):
         match = _CHECKPOINT.match(name)
-        path = os.path.join(folder, name)
-        if match and os.path.isfile(cursor_path(path)):
-            found.append((int(match.group(1)), path))
+        if match:
+            found.append((int(match.group(1)), os.path.join(folder, name)))
     return sorted(found)
 
 
+def shards_digest(shards: Sequence[str]) -> str:
+    """What a note keeps of the cursor's list of shards, which for a large dataset outgrows a note."""
+    return "sha256:" + hashlib.sha256(json.dumps(list(shards)).encode()).hexdigest()
+
+
 def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict[str, Any], keep: int) -> str:
-    """Saves the checkpoint, then its cursor, then deletes all but the newest `keep`."""
+    """Saves the checkpoint with the step and the stream's cursor in its note, then deletes all but the
+    newest `keep`."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"step-{step:09d}.safetensors")
-    trainer.save(path)
-    write_atomically(cursor_path(path), json.dumps(dict(step=step, cursor=cursor), indent=1))
-    complete = checkpoints_in(folder)
-    for _, old in complete[:-keep]:
-        os.remove(old)  # the checkpoint first: a cursor left alone is ignored
-        os.remove(cursor_path(old))
+    written = dict(step=step, cursor=dict(cursor, shards=shards_digest(cursor["shards"])))
+    trainer.save(path, note=json.dumps(written))
+    for _, old in checkpoints_in(folder)[:-keep]:
+        os.remove(old)
+        if os.path.exists(cursor_path(old)):  # an older version's, beside its checkpoint
+            os.remove(cursor_path(old))
     return path
+
+
+def stream_cursor(checkpoint: str, note: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The stream's cursor a checkpoint carries in its `note`, or an older version wrote beside it; None
+    when it has neither, as one written by `Trainer.save` by hand."""
+    try:
+        written = json.loads(note) if note else None
+    except ValueError:  # a note of someone else's
+        written = None
+    if isinstance(written, dict) and isinstance(written.get("cursor"), dict):
+        return written["cursor"]
+    if os.path.isfile(cursor_path(checkpoint)):
+        with open(cursor_path(checkpoint), encoding="utf-8") as file:
+            return json.load(file)["cursor"]
+    return None
 
 
 def read_header(path: str, field_path: str = "CHECKPOINT") -> Tuple[Dict[str, str], Dict[str, Any]]:
@@ -395,8 +406,17 @@ def train(config_path: str) -> int:
     complete = checkpoints_in(saved_in)
     if complete:
         step, latest = complete[-1]
-        with open(cursor_path(latest), encoding="utf-8") as file:
-            cursor = json.load(file)["cursor"]
+        cursor = stream_cursor(latest, uform.checkpoint_note(latest))
+        if cursor is None:
+            # Refused rather than resumed with the data from its start: every checkpoint this command writes
+            # carries its cursor, so one without was saved by hand, or by an older version that stopped before
+            # it wrote the cursor beside it; a resumed run continues its stream exactly or not at all.
+            raise InvalidArgument(f"{latest}: no stream cursor in its note (nor in {os.path.basename(cursor_path(latest))} "
+                                  f"beside it), so its data cannot continue where it stopped; move it out of {saved_in} "
+                                  f"to resume from the one before it, or start a new run from it with [trainer] resume")
+        listed = [path for path, _ in list_shards(config.data)]
+        if cursor.get("shards") == shards_digest(listed):  # the stream checks the list itself
+            cursor["shards"] = listed
         trainer_config["resume"] = latest
     elif trainer_config.get("resume"):
         if not os.path.isfile(trainer_config["resume"]):
@@ -613,7 +633,8 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
 
 
 def describe(path: str) -> Dict[str, Any]:
-    """What `uform info` prints: the checkpoint's step, geometry, config and tensors, and its cursor if any."""
+    """What `uform info` prints: the checkpoint's step, geometry, config and tensors, and its note and the
+    stream's cursor if any."""
     metadata, tensors = read_header(path, "CHECKPOINT")
     if "config" not in metadata:
         raise InvalidArgument(f"CHECKPOINT: {path}: its __metadata__ holds no config; it is no uform checkpoint")
@@ -629,9 +650,11 @@ def describe(path: str) -> Dict[str, Any]:
         tensors={name: dict(dtype=entry["dtype"], shape=entry["shape"],
                             bytes=entry["data_offsets"][1] - entry["data_offsets"][0]) for name, entry in tensors.items()},
     )
-    if os.path.isfile(cursor_path(path)):
-        with open(cursor_path(path), encoding="utf-8") as file:
-            described["cursor"] = json.load(file)["cursor"]
+    if "note" in metadata:
+        described["note"] = metadata["note"]
+    cursor = stream_cursor(path, metadata.get("note"))
+    if cursor is not None:
+        described["cursor"] = cursor
     return described
 
 
@@ -649,6 +672,8 @@ def info(path: str, as_json: bool) -> int:
         cursor = described["cursor"]
         print(f"stream: epoch {cursor['epoch']}, shard {cursor['shard']}, offset {cursor['offset']} + {cursor['skip']}, "
               f"device batch {cursor['batch']}")
+    elif "note" in described:  # someone else's: shown as written
+        print("note: " + described["note"])
     print("config: " + json.dumps(described["config"], indent=1))
     width = max(map(len, described["tensors"]))
     for name, entry in described["tensors"].items():

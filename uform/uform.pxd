@@ -245,7 +245,13 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_decoded_free(uform_decoded_t decoded, const char** error)
     uform_status_t uform_trainer_save(uform_trainer_t trainer, const char* path, const char** error)
     uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, const char* path, const char** error)
+    uform_status_t uform_trainer_save_noted(uform_trainer_t trainer, const char* path, const char* note,
+                                            const char** error)
+    uform_status_t uform_trainer_save_weights_noted(uform_trainer_t trainer, const char* path, const char* note,
+                                                    const char** error)
     uform_status_t uform_trainer_free(uform_trainer_t trainer, const char** error)
+    uform_status_t uform_checkpoint_note(const char* path, char* note, size_t capacity, size_t* length,
+                                         const char** error)
 
     ctypedef struct uform_encoder_tokens_t:
         size_t count

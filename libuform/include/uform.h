@@ -80,6 +80,8 @@ extern "C" {
 #define UFORM_MAX_TEMPERATURE_GROUPS 64
 /** @brief Most Matryoshka prefixes a contrastive term may average over. */
 #define UFORM_MAX_MATRYOSHKA_DIMENSIONS 16
+/** @brief Most bytes a checkpoint's note may hold: 1 MiB. */
+#define UFORM_MAX_NOTE_BYTES (1 << 20)
 
 /* ------------------------------------------------------------------------------------------ */
 /*  Status codes                                                                               */
@@ -510,8 +512,42 @@ UFORM_API uform_status_t uform_trainer_save(uform_trainer_t trainer, char const*
  */
 UFORM_API uform_status_t uform_trainer_save_weights(uform_trainer_t trainer, char const* path, char const** error);
 
+/**
+ *  @brief `uform_trainer_save` with a note of the caller's own, stored in the file's metadata as
+ *  `__metadata__.note`: what the caller needs beside the weights to continue, such as where its data
+ *  stream stands. The library neither reads nor judges it; `uform_checkpoint_note` reads it back.
+ *  @param[in] trainer The run.
+ *  @param[in] path The destination.
+ *  @param[in] note UTF-8 text of at most `UFORM_MAX_NOTE_BYTES` bytes, JSON or any other, escaped into
+ *  the header; NULL or empty stores none, as `uform_trainer_save` does.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_invalid_argument_k` for a longer note, or one that is not UTF-8, naming it.
+ */
+UFORM_API uform_status_t uform_trainer_save_noted(uform_trainer_t trainer, char const* path, char const* note,
+                                                  char const** error);
+
+/** @brief `uform_trainer_save_weights` with a note, stored as `uform_trainer_save_noted` stores it. */
+UFORM_API uform_status_t uform_trainer_save_weights_noted(uform_trainer_t trainer, char const* path, char const* note,
+                                                          char const** error);
+
 /** @brief Frees a trainer and lets go of its executor and mesh. */
 UFORM_API uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
+
+/**
+ *  @brief Reads the note a checkpoint carries; a file saved without one reads as the empty note. The
+ *  header, and how the tensors tile the file, are checked as `uform_encoder_load` checks them; the
+ *  tensors' values are not read.
+ *  @param[in] path A checkpoint written by any of the save verbs.
+ *  @param[out] note Room for `capacity` bytes: the note and a terminating NUL. NULL reads the length
+ *  alone: call first with NULL, then pass room for `*length + 1` bytes.
+ *  @param[in] capacity Bytes `note` has room for.
+ *  @param[out] length The note's length in bytes, without the NUL; set even when `capacity` falls short.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_invalid_argument_k` when `capacity` falls short of `*length + 1`;
+ *  `uform_status_invalid_checkpoint_k` for a malformed file.
+ */
+UFORM_API uform_status_t uform_checkpoint_note(char const* path, char* note, size_t capacity, size_t* length,
+                                               char const** error);
 
 /** @brief A batch of items to embed, and where their embeddings land. */
 typedef struct uform_encoder_embed_t {

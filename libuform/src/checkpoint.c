@@ -30,6 +30,31 @@
    weights-only checkpoint holds the first alone. */
 static char const* const uform_families[3] = {"", "adamw.first.", "adamw.second."};
 
+/* The length of the UTF-8 sequence at `text`, or 0 when it is not one: no overlong forms, no
+   surrogates, nothing past U+10FFFF (RFC 3629). */
+static size_t uform_utf8_sequence(unsigned char const* text, size_t left) {
+    unsigned char c = text[0];
+    if (c < 0x80) return 1;
+    size_t length = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!length || length > left) return 0;
+    unsigned char low = 0x80, high = 0xBF; /* the second byte's range, narrower after some leads */
+    if (c == 0xE0) low = 0xA0;
+    if (c == 0xED) high = 0x9F;
+    if (c == 0xF0) low = 0x90;
+    if (c == 0xF4) high = 0x8F;
+    if (text[1] < low || text[1] > high) return 0;
+    for (size_t i = 2; i < length; ++i)
+        if ((text[i] & 0xC0) != 0x80) return 0;
+    return length;
+}
+
+/* How many of `text`'s first bytes are UTF-8: `length` when all of them are. */
+static size_t uform_utf8_prefix(char const* text, size_t length) {
+    size_t at = 0, step;
+    while (at < length && (step = uform_utf8_sequence((unsigned char const*)text + at, length - at))) at += step;
+    return at;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /*  Writing                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
@@ -143,13 +168,22 @@ static void uform_leftovers_sweep(char const* path, size_t folder) {
 
 uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* layout, float const* weights,
                                      float const* first, float const* second, uint64_t step,
-                                     char const* config_json, char const** error) {
+                                     char const* config_json, char const* note, char const** error) {
     if (!path || !*path) return uform_fail(error, uform_status_invalid_argument_k, "path: empty");
     char const* slash = strrchr(path, '/');
     size_t folder = slash ? (size_t)(slash - path + 1) : 0;
     char const* name = path + folder;
     if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
         return uform_fail(error, uform_status_invalid_argument_k, "path: %s names a folder, not a file", path);
+    /* Escaping makes any text a JSON string, but not UTF-8: a header that is not is refused by every reader. */
+    size_t note_length = note ? strlen(note) : 0;
+    if (note_length > UFORM_MAX_NOTE_BYTES)
+        return uform_fail(error, uform_status_invalid_argument_k, "note: %zu bytes, over the %d a checkpoint holds",
+                          note_length, UFORM_MAX_NOTE_BYTES);
+    size_t valid = uform_utf8_prefix(note, note_length);
+    if (valid != note_length)
+        return uform_fail(error, uform_status_invalid_argument_k, "note: not UTF-8 at byte %zu (0x%02x)", valid,
+                          (unsigned char)note[valid]);
     uform_text_t header = {0};
     char step_text[32];
     snprintf(step_text, sizeof(step_text), "%llu", (unsigned long long)step);
@@ -158,7 +192,9 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
     char const* weights_only = families_count == 1 ? "\"weights_only\": \"true\", " : "";
     int ok = uform_text_print(&header, "{\"__metadata__\": {\"format\": \"" UFORM_FORMAT "\", \"step\": \"%s\", %s\"config\": ",
                               step_text, weights_only) &&
-             uform_text_quote(&header, config_json) && uform_text_append(&header, "}", 1);
+             uform_text_quote(&header, config_json) &&
+             (!note_length || (uform_text_print(&header, ", \"note\": ") && uform_text_quote(&header, note))) &&
+             uform_text_append(&header, "}", 1);
     size_t offset = 0;
     for (int family = 0; family != families_count && ok; ++family)
         for (size_t i = 0; i != layout->count && ok; ++i) {
@@ -287,24 +323,6 @@ static int uform_json_expect(uform_json_t* json, char expected) {
     unsigned char found = (unsigned char)*json->at;
     if (found < 0x20 || found > 0x7E) return uform_json_fail(json, "expected '%c', found byte 0x%02x", expected, found);
     return uform_json_fail(json, "expected '%c', found '%c'", expected, found);
-}
-
-/* The length of the UTF-8 sequence at `text`, or 0 when it is not one: no overlong forms, no
-   surrogates, nothing past U+10FFFF (RFC 3629). */
-static size_t uform_utf8_sequence(unsigned char const* text, size_t left) {
-    unsigned char c = text[0];
-    if (c < 0x80) return 1;
-    size_t length = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!length || length > left) return 0;
-    unsigned char low = 0x80, high = 0xBF; /* the second byte's range, narrower after some leads */
-    if (c == 0xE0) low = 0xA0;
-    if (c == 0xED) high = 0x9F;
-    if (c == 0xF0) low = 0x90;
-    if (c == 0xF4) high = 0x8F;
-    if (text[1] < low || text[1] > high) return 0;
-    for (size_t i = 2; i < length; ++i)
-        if ((text[i] & 0xC0) != 0x80) return 0;
-    return length;
 }
 
 /* Appends one code point as UTF-8 when it fits in `capacity - 1`; `*length` counts it either way. */
@@ -529,11 +547,13 @@ typedef struct uform_header_t {
     char config[4096];
     uint64_t step;
     int weights_only;       /* the moments are absent by design, not lost */
-    unsigned given;         /* bits: 1 __metadata__, 2 format, 4 step, 8 config, 16 weights_only */
+    char* note;             /* where __metadata__.note lands, or NULL to check it alone */
+    size_t note_capacity, note_length;
+    unsigned given;         /* bits: 1 __metadata__, 2 format, 4 step, 8 config, 16 weights_only, 32 note */
     uint64_t data_start, data_size;
 } uform_header_t;
 
-/* Reads `__metadata__`: an object of strings, of which format, step, config and weights_only are read. */
+/* Reads `__metadata__`: an object of strings, of which format, step, config, weights_only and note are read. */
 static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
     if (!uform_json_expect(json, '{')) return 0;
     if (uform_json_take(json, '}')) return 1;
@@ -545,6 +565,7 @@ static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
                        : !strcmp(key, "step")         ? 4
                        : !strcmp(key, "config")       ? 8
                        : !strcmp(key, "weights_only") ? 16
+                       : !strcmp(key, "note")         ? 32
                                                       : 0;
         if (length >= sizeof(key)) bit = 0;
         if (bit & header->given) return uform_json_fail(json, "__metadata__.%s is given twice", key);
@@ -557,6 +578,8 @@ static int uform_json_metadata(uform_json_t* json, uform_header_t* header) {
             if (value_length >= sizeof(header->config))
                 return uform_json_fail(json, "__metadata__.config is %zu bytes, over %zu", value_length,
                                        sizeof(header->config) - 1);
+        } else if (bit == 32) {
+            if (!uform_json_string(json, header->note, header->note_capacity, &header->note_length)) return 0;
         } else if (!uform_json_string(json, bit ? value : NULL, sizeof(value), &value_length))
             return 0;
         if (bit == 2) {
@@ -690,10 +713,12 @@ static uform_status_t uform_entries_check(uform_header_t const* header, char con
 }
 
 /* Opens a checkpoint and checks all of its structure; on success the caller owns `*opened` and
-   `header->entries`. `what` names the argument that brought the path: "resume" or "path". */
-static uform_status_t uform_checkpoint_open(char const* path, char const* what, FILE** opened, uform_header_t* header,
-                                            char const** error) {
+   `header->entries`. `what` names the argument that brought the path: "resume" or "path". The note, if
+   any, lands in `note` (NULL: nowhere) as far as `capacity` allows; `header->note_length` is its length. */
+static uform_status_t uform_checkpoint_open(char const* path, char const* what, char* note, size_t capacity,
+                                            FILE** opened, uform_header_t* header, char const** error) {
     memset(header, 0, sizeof(*header));
+    header->note = note, header->note_capacity = capacity;
     FILE* file = fopen(path, "rb");
     if (!file) return uform_fail(error, uform_status_io_k, "%s: cannot open %s: %s", what, path, strerror(errno));
     uform_status_t status = uform_status_success_k;
@@ -731,12 +756,12 @@ static uform_status_t uform_checkpoint_open(char const* path, char const* what, 
         status = UFORM_BAD("%s: %s ends inside its header", what, path);
         goto done;
     }
-    for (size_t at = 0, step; at < header_length; at += step)
-        if (!(step = uform_utf8_sequence((unsigned char const*)text + at, header_length - at))) {
-            status = UFORM_BAD("%s: %s has a header that is not UTF-8 at byte %zu (0x%02x)", what, path, (size_t)at + 8,
-                               (unsigned char)text[at]);
-            goto done;
-        }
+    size_t valid = uform_utf8_prefix(text, header_length);
+    if (valid != header_length) {
+        status = UFORM_BAD("%s: %s has a header that is not UTF-8 at byte %zu (0x%02x)", what, path, valid + 8,
+                           (unsigned char)text[valid]);
+        goto done;
+    }
     uform_json_t json = {text, text, text + header_length, ""};
     if (!uform_header_parse(&json, header)) {
         status = UFORM_BAD("%s: %s has a malformed header at byte %zu: %s", what, path, (size_t)(json.at - text) + 8,
@@ -928,7 +953,7 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     FILE* file;
     uform_header_t header;
     uform_geometry_t geometry;
-    uform_status_t status = uform_checkpoint_open(path, "path", &file, &header, error);
+    uform_status_t status = uform_checkpoint_open(path, "path", NULL, 0, &file, &header, error);
     if (status != uform_status_success_k) return status;
     fclose(file);
     status = uform_geometry_read(&header, &geometry, "path", path, error);
@@ -985,7 +1010,7 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
     FILE* file;
     uform_header_t header;
     uform_geometry_t geometry;
-    uform_status_t status = uform_checkpoint_open(path, what, &file, &header, error);
+    uform_status_t status = uform_checkpoint_open(path, what, NULL, 0, &file, &header, error);
     if (status != uform_status_success_k) return status;
     if (first && header.weights_only)
         status = UFORM_BAD("resume: %s is a weights-only checkpoint: it holds no optimizer moments, so no run resumes "
@@ -1033,4 +1058,22 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
     free(header.entries);
     fclose(file);
     return status;
+}
+
+uform_status_t uform_checkpoint_note(char const* path, char* note, size_t capacity, size_t* length, char const** error) {
+    if (!path) return uform_fail(error, uform_status_invalid_argument_k, "path: NULL");
+    if (!length) return uform_fail(error, uform_status_invalid_argument_k, "length: NULL output pointer");
+    FILE* file;
+    uform_header_t header;
+    uform_status_t status = uform_checkpoint_open(path, "path", note, capacity, &file, &header, error);
+    if (status != uform_status_success_k) return status;
+    fclose(file);
+    free(header.entries);
+    *length = header.note_length;
+    if (!note) return uform_status_success_k;
+    if (header.note_length >= capacity) /* the reader keeps what fits; a cut note is no note */
+        return uform_fail(error, uform_status_invalid_argument_k, "capacity: %zu bytes; the note of %s takes %zu and a NUL",
+                          capacity, path, header.note_length);
+    note[header.note_length] = 0; /* a file without a note reads as the empty one */
+    return uform_status_success_k;
 }

@@ -350,11 +350,11 @@ uform_status_t uform_embeddings_export(uform_replica_t const* replica, float con
 /*  Checkpoints                                                                                    */
 /* ---------------------------------------------------------------------------------------------- */
 
-/** Writes weights and moments, the step and the config's JSON into `path`, atomically; with `first` and `second`
- *  NULL, the weights alone, marked weights-only. */
+/** Writes weights and moments, the step, the config's JSON and the caller's `note` (NULL or empty: none) into
+ *  `path`, atomically; with `first` and `second` NULL, the weights alone, marked weights-only. */
 uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* layout, float const* weights,
                                      float const* first, float const* second, uint64_t step,
-                                     char const* config_json, char const** error);
+                                     char const* config_json, char const* note, char const** error);
 /** Reads a checkpoint written for `layout` to resume it; refuses other geometries, and weights-only files, by name.
  *  With `first` and `second` NULL reads the weights alone, of either kind of file, for an encoder. */
 uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,

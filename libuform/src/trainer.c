@@ -392,8 +392,9 @@ uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, siz
     return status;
 }
 
-/* Writes the weights, and the moments when `moments`, beside the step and the config. */
-static uform_status_t uform_trainer_write(uform_trainer_t handle, char const* path, int moments, char const** error) {
+/* Writes the weights, and the moments when `moments`, beside the step, the config and the caller's note. */
+static uform_status_t uform_trainer_write(uform_trainer_t handle, char const* path, int moments, char const* note,
+                                          char const** error) {
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
@@ -415,7 +416,7 @@ static uform_status_t uform_trainer_write(uform_trainer_t handle, char const* pa
             status = backend->download(replica->context, second, replica->second, total * sizeof(float));
         if (status != uform_status_success_k) uform_trainer_failed(status, error);
         else status = uform_checkpoint_save(path, &trainer->layout, host, first, second, trainer->step,
-                                            trainer->config_json, error);
+                                            trainer->config_json, note, error);
         free(host);
     }
     uform_trainer_leave(trainer);
@@ -423,11 +424,20 @@ static uform_status_t uform_trainer_write(uform_trainer_t handle, char const* pa
 }
 
 uform_status_t uform_trainer_save(uform_trainer_t handle, char const* path, char const** error) {
-    return uform_trainer_write(handle, path, 1, error);
+    return uform_trainer_write(handle, path, 1, NULL, error);
 }
 
 uform_status_t uform_trainer_save_weights(uform_trainer_t handle, char const* path, char const** error) {
-    return uform_trainer_write(handle, path, 0, error);
+    return uform_trainer_write(handle, path, 0, NULL, error);
+}
+
+uform_status_t uform_trainer_save_noted(uform_trainer_t handle, char const* path, char const* note, char const** error) {
+    return uform_trainer_write(handle, path, 1, note, error);
+}
+
+uform_status_t uform_trainer_save_weights_noted(uform_trainer_t handle, char const* path, char const* note,
+                                                char const** error) {
+    return uform_trainer_write(handle, path, 0, note, error);
 }
 
 uform_status_t uform_trainer_memory(uform_trainer_t handle, size_t* bytes, char const** error) {

@@ -1,6 +1,7 @@
 /**
  *  A C program that knows only `uform.h`: it trains a few steps on the CPU, checks the errors it
- *  is promised, saves a checkpoint and resumes from it. Exits 0 when every check holds.
+ *  is promised, saves a checkpoint with a note, reads the note back and resumes from the checkpoint.
+ *  Exits 0 when every check holds.
  *
  *      cc -std=c99 train.c $(python -m uform --cflags --libs) -lm -o train && ./train /tmp/c.safetensors
  */
@@ -70,7 +71,19 @@ int main(int argc, char** argv) {
     double norm = 0;
     for (int k = 0; k != 128; ++k) norm += embeddings[k] * embeddings[k];
     CHECK(fabs(norm - 1) < 1e-4);
-    CHECK(uform_trainer_save(trainer, path, &error) == uform_status_success_k);
+    /* The note is the caller's text, escaped into the header and read back byte for byte. */
+    char const note[] = "{\"cursor\": \"caf\xc3\xa9\", \"path\": \"C:\\\\runs\"}\n\t\x01";
+    CHECK(uform_trainer_save_noted(trainer, path, "caf\xc3", &error) == uform_status_invalid_argument_k);
+    CHECK(strstr(error, "note: not UTF-8 at byte 3") != NULL);
+    CHECK(uform_trainer_save_noted(trainer, path, note, &error) == uform_status_success_k);
+    size_t length = 0;
+    char back[sizeof(note)];
+    CHECK(uform_checkpoint_note(path, NULL, 0, &length, &error) == uform_status_success_k);
+    CHECK(length == sizeof(note) - 1);
+    CHECK(uform_checkpoint_note(path, back, length, &length, &error) == uform_status_invalid_argument_k);
+    CHECK(strstr(error, "capacity") != NULL);
+    CHECK(uform_checkpoint_note(path, back, sizeof(back), &length, &error) == uform_status_success_k);
+    CHECK(length == sizeof(note) - 1 && memcmp(back, note, sizeof(note)) == 0);
 
     /* Freeing the executor while the trainer borrows it is refused; a freed trainer is refused too. */
     CHECK(uform_executor_free(executor, &error) == uform_status_busy_k);

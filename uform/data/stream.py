@@ -16,7 +16,7 @@ the bad records and gives the first reasons, rather than reading the bad records
 
 Every process scans every record's framing and text, but reads the media files only of its own
 batches. A step's cursor is where the next step's first device batch starts: (epoch, shard, offset of
-the block in that shard, records of the block already taken). Saved beside a checkpoint, it lets a run
+the block in that shard, records of the block already taken). Saved in a checkpoint's note, it lets a run
 continue the same sequence exactly, mid-epoch, on any number of processes: none repeats or skips a
 batch, as their union is the same sequence of device batches.
 """
