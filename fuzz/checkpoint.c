@@ -27,8 +27,8 @@
 
 void scipy_openblas_set_num_threads(int threads);
 
-/* The tensors of a model of depth 1, hidden 128, one temperature group: three families of 263042 floats. */
-enum { fuzz_zeros_k = 3 * 263042 * 4 };
+/* The tensors of a model of depth 1, hidden 128, one temperature group: three families of 955266 floats. */
+enum { fuzz_zeros_k = 3 * 955266 * 4 };
 
 static uform_executor_t fuzz_cpu;
 static char fuzz_folder[64], fuzz_path[96];
