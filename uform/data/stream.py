@@ -188,11 +188,21 @@ class Stream:
             return fresh
         if not isinstance(cursor, dict):
             raise InvalidArgument(f"cursor: expected a dict, got {type(cursor).__name__}")
-        for name in ("seed", "shuffle_buffer", "shards"):
+        for name in ("seed", "shuffle_buffer"):
             if cursor.get(name) != fresh[name]:
-                field_path = "data.paths" if name == "shards" else "config.seed" if name == "seed" else f"data.{name}"
+                field_path = "config.seed" if name == "seed" else f"data.{name}"
                 raise InvalidArgument(f"{field_path}: the stream being resumed read {name} = {cursor.get(name)!r}, "
                                       f"now {fresh[name]!r}; the same sequence needs the same {name}")
+        then, now = cursor.get("shards"), fresh["shards"]
+        if then != now:  # a dataset may have thousands of shards: name the first that differs, not them all
+            if isinstance(then, list):
+                at = next((k for k, (a, b) in enumerate(zip(then, now)) if a != b), min(len(then), len(now)))
+                differ = (f"{len(then)} shards, now {len(now)}, the first difference at shard {at}: "
+                          f"{then[at] if at < len(then) else None!r} then, {now[at] if at < len(now) else None!r} now")
+            else:
+                differ = f"shards of digest {then!r}, now {len(now)} others"
+            raise InvalidArgument(f"data.paths: the stream being resumed read {differ}; the same sequence needs the "
+                                  "same shards")
         for name in _CURSOR_FIELDS:
             fresh[name] = unsigned(cursor.get(name), 64, f"cursor.{name}")
         return fresh
