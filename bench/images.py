@@ -36,7 +36,8 @@ as `uform train` does; its host share is then validation and packing alone. The 
 decode of the same PNGs with zlib and numpy into the same patches, on one thread, is timed apart
 (`decode_ms` a step) and added in `step_ms_with_decode`, the serial loop a user would write
 without a loader. The setup line also times uform's own decoder over the same files on one thread
-(`uform_decode_ms`), and the ratio line gives the ratio with uform's host time taken out of its
+(`uform_decode_ms`) and `Encoder.embed`'s throughput over the images alone (`uform_embed_images_per_s`,
+four copies of the step's images, each chunk's PNGs decoding while the one before embeds), and the ratio line gives the ratio with uform's host time taken out of its
 step (`ratio_less_uform_host`: the step's device-side part, since a step returns after its
 update). `--image-side` must be a whole number of patches: the peer's decode does not resize.
 
@@ -484,6 +485,12 @@ def main():
             weights = {name: f.get_tensor(name) for name in f.keys()}
             derived = json.loads(f.metadata()["config"])
         ours, ahead, first = run_uform(args, init, executor, made, step, gpu)
+        with uform.Encoder.load(path, executor) as encoder:  # inference: each chunk's PNGs decode as the last embeds
+            pictures = images * 4
+            encoder.embed(["image"] * len(images), images)
+            start = time.perf_counter()
+            encoder.embed(["image"] * len(pictures), pictures)
+            embed_seconds = time.perf_counter() - start
     batch, masked, hidden = peer_batch(captions, patches, derived["seed"], derived["masking"], args.device)
     tokens = sum(lengths)
     flops = useful_flops(args.depth, args.hidden, patch, lengths[::2], per_image, masked, hidden)
@@ -491,7 +498,8 @@ def main():
                  caption_bytes=sum(lengths[::2]), patches_per_image=per_image, png_bytes=sum(map(len, images)),
                  masked_positions=[first.masked_positions, masked], masked_patches=[first.masked_patches, hidden],
                  peer_padded_text_tokens=args.pairs * max(lengths[::2]), peer_decode_matches=decode_difference,
-                 peer_decode_ms=decode_ms, uform_decode_ms=uform_decode_ms, gflop_per_step=flops / 1e9)
+                 peer_decode_ms=decode_ms, uform_decode_ms=uform_decode_ms, gflop_per_step=flops / 1e9,
+                 uform_embed_images_per_s=len(pictures) / embed_seconds)
     print(json.dumps(setup), flush=True)
     assert first.tokens == tokens and first.masked_positions == masked and first.masked_patches == hidden, \
         "the peer's masking differs from uform's first step"

@@ -798,13 +798,13 @@ uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t co
 
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
-                                      uform_late_interaction_side_t const* sides, size_t first_item,
-                                      char const** error) {
+                                      uform_late_interaction_side_t const* sides, uform_decoded_s const* decoded,
+                                      size_t first_item, char const** error) {
     size_t count = contents->count;
     uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
     if (status == uform_status_success_k) status = uform_contents_check(packed->offsets, contents, count, first_item, error);
     if (status != uform_status_success_k) return status;
     packed->choices_count = 0;
     for (size_t i = 0; i != count; ++i) packed->sides[i] = sides ? (uint8_t)sides[i] : 0; /* checked by the caller */
-    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, NULL, first_item, error);
+    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, decoded, first_item, error);
 }

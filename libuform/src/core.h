@@ -213,11 +213,12 @@ uform_status_t uform_batch_check_items(uform_config_t const* config, uform_train
 uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t const* config,
                                        uform_modality_t const* modalities, uform_tape_t const* texts,
                                        uform_tape_t const* choices, size_t first_item, char const** error);
-/** Packs the items of a tape, without masking, as inference reads them; messages count items from `first_item`. */
+/** Packs the items of a tape, without masking, as inference reads them; messages count items from `first_item`.
+ *  `decoded`, when not NULL, holds their media decoded ahead. */
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
-                                      uform_late_interaction_side_t const* sides, size_t first_item,
-                                      char const** error);
+                                      uform_late_interaction_side_t const* sides, uform_decoded_s const* decoded,
+                                      size_t first_item, char const** error);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  The model on one device                                                                        */

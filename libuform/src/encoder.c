@@ -105,16 +105,43 @@ static size_t uform_encoder_chunk(uform_encoder_s const* encoder, uint64_t const
     return chunk;
 }
 
-/* Embeds the items in chunks that fit the replica, landing each chunk's rows where they belong in `embed`. */
+/* Decodes the media among items [first, first + count) on every core, from offsets read once; NULL when none is
+   media. The offsets are checked as they are read: out of order or past the tape, they are refused when `strict`,
+   else left for the packing to name, which then decodes nothing ahead. */
+static uform_status_t uform_encoder_decode(uform_encoder_s const* encoder, uform_modality_t const* modalities,
+                                           uform_tape_t const* contents, size_t first, size_t count, int strict,
+                                           uform_decoded_s** decoded, char const** error) {
+    *decoded = NULL;
+    uint64_t* offsets = malloc((count + 1) * sizeof(uint64_t));
+    if (!offsets) return uform_fail(error, uform_status_out_of_memory_k, "no memory to read %zu offsets", count);
+    uform_tape_t part = {contents->data, contents->offsets + first, count, contents->size};
+    for (size_t i = 0; i <= count; ++i) offsets[i] = part.offsets[i]; /* read once: the decoder trusts them */
+    size_t bad = count;
+    for (size_t i = 0; i != count && bad == count; ++i)
+        if (offsets[i + 1] <= offsets[i] || offsets[i + 1] > part.size) bad = i;
+    uform_status_t status = uform_status_success_k;
+    if (bad == count)
+        status = uform_decoded_make(&encoder->config, count, modalities + first, &part, offsets, first, decoded, error);
+    else if (strict)
+        status = uform_fail(error, uform_status_invalid_argument_k,
+                            "contents.offsets[%zu]: changed while the encoder read them", first + bad + 1);
+    free(offsets);
+    return status;
+}
+
+/* Embeds the items in chunks that fit the replica, landing each chunk's rows where they belong in `embed`. The next
+   chunk's media decode on the host while the device embeds this one. */
 static uform_status_t uform_encoder_chunks(uform_encoder_s* encoder, uform_encoder_embed_t* embed, char const** error) {
     size_t hidden = encoder->layout.hidden, count = embed->count;
-    uform_status_t status = uform_status_success_k;
+    size_t chunk = count ? uform_encoder_chunk(encoder, embed->contents.offsets, 0, count, 0) : 0;
+    uform_decoded_s *ahead = NULL, *behind = NULL;
+    uform_status_t status =
+        uform_encoder_decode(encoder, embed->modalities, &embed->contents, 0, chunk, 0, &ahead, error);
     embed->truncated_items = 0;
     for (size_t first = 0; first < count && status == uform_status_success_k;) {
-        size_t chunk = uform_encoder_chunk(encoder, embed->contents.offsets, first, count, 0);
         uform_tape_t part = {embed->contents.data, embed->contents.offsets + first, chunk, embed->contents.size};
-        status = uform_batch_pack_plain(&encoder->packed, &encoder->config, embed->modalities + first, &part, NULL, first,
-                                        error);
+        status = uform_batch_pack_plain(&encoder->packed, &encoder->config, embed->modalities + first, &part, NULL,
+                                        ahead, first, error);
         if (status != uform_status_success_k) break;
         embed->truncated_items += encoder->packed.truncated;
         status = uform_model_embed(&encoder->replica, &encoder->layout, &encoder->packed);
@@ -122,11 +149,19 @@ static uform_status_t uform_encoder_chunks(uform_encoder_s* encoder, uform_encod
             if (error) *error = uform_message();
             break;
         }
-        status = uform_embeddings_export(&encoder->replica, encoder->replica.pooled, chunk, hidden, 1,
-                                         (char*)embed->embeddings + first * hidden * uform_scalar_bytes(embed->embeddings_scalar),
-                                         embed->embeddings_scalar, error);
-        first += chunk;
+        size_t next = first + chunk, following = next < count ? uform_encoder_chunk(encoder, embed->contents.offsets,
+                                                                                    next, count, 0) : 0;
+        behind = ahead, ahead = NULL;
+        status = uform_encoder_decode(encoder, embed->modalities, &embed->contents, next, following, 0, &ahead, error);
+        if (status == uform_status_success_k)
+            status = uform_embeddings_export(&encoder->replica, encoder->replica.pooled, chunk, hidden, 1,
+                                             (char*)embed->embeddings +
+                                                 first * hidden * uform_scalar_bytes(embed->embeddings_scalar),
+                                             embed->embeddings_scalar, error);
+        uform_decoded_release(behind), behind = NULL;
+        first = next, chunk = following;
     }
+    uform_decoded_release(ahead);
     return status;
 }
 
@@ -201,31 +236,20 @@ uform_status_t uform_encoder_choose(uform_encoder_t handle, uform_encoder_choose
     return status;
 }
 
-/* Counts the tokens of the media among items [first, first + count), decoding them on every core as the filling
-   call will again, into `rows` (`count`, left alone for text). Only a chunk at a time is held decoded. */
+/* Counts the tokens of the media among items [first, first + count) into `rows` (`count`, left alone for text),
+   decoding them as the filling call will again. Only a chunk at a time is held decoded. */
 static uform_status_t uform_encoder_media_rows(uform_encoder_s const* encoder, uform_encoder_tokens_t const* tokens,
                                                size_t first, size_t count, uint64_t* rows, uint64_t* truncated,
                                                char const** error) {
-    uint64_t* offsets = malloc((count + 1) * sizeof(uint64_t));
-    if (!offsets) return uform_fail(error, uform_status_out_of_memory_k, "no memory to count media tokens");
-    uform_status_t status = uform_status_success_k;
-    uform_tape_t part = {tokens->contents.data, tokens->contents.offsets + first, count, tokens->contents.size};
-    for (size_t i = 0; i <= count; ++i) offsets[i] = part.offsets[i]; /* read once: the decoder trusts them */
-    for (size_t i = 0; i != count && status == uform_status_success_k; ++i)
-        if (offsets[i + 1] <= offsets[i] || offsets[i + 1] > part.size)
-            status = uform_fail(error, uform_status_invalid_argument_k,
-                                "contents.offsets[%zu]: changed while the encoder read them", first + i + 1);
     uform_decoded_s* decoded = NULL;
-    if (status == uform_status_success_k)
-        status = uform_decoded_make(&encoder->config, count, tokens->modalities + first, &part, offsets, first,
-                                    &decoded, error);
+    uform_status_t status = uform_encoder_decode(encoder, tokens->modalities, &tokens->contents, first, count, 1,
+                                                 &decoded, error);
     for (size_t i = 0; decoded && i != count; ++i)
         if (decoded->values[i]) {
             rows[i] = (uint64_t)decoded->grids[i].frames * decoded->grids[i].rows * decoded->grids[i].columns;
             *truncated += decoded->grids[i].truncated != 0;
         }
     uform_decoded_release(decoded);
-    free(offsets);
     return status;
 }
 
@@ -289,7 +313,7 @@ static uform_status_t uform_encoder_tokens(uform_encoder_s* encoder, uform_encod
         size_t chunk = uform_encoder_chunk(encoder, tokens->offsets, first, count, 0);
         uform_tape_t part = {tokens->contents.data, tokens->contents.offsets + first, chunk, tokens->contents.size};
         status = uform_batch_pack_plain(&encoder->packed, &encoder->config, tokens->modalities + first, &part,
-                                        tokens->sides ? tokens->sides + first : NULL, first, error);
+                                        tokens->sides ? tokens->sides + first : NULL, NULL, first, error);
         if (status != uform_status_success_k) break;
         if (encoder->packed.tokens_count != tokens->offsets[first + chunk] - tokens->offsets[first])
             return uform_fail(error, uform_status_invalid_argument_k,
