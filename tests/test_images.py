@@ -162,14 +162,20 @@ def test_audio_items_embed_and_refuse_what_they_are_not(cpu, tmp_path):
     assert rows.truncated_items == 1 and np.allclose(np.linalg.norm(rows.numpy(), axis=1), 1, rtol=1e-5)
 
 
-def test_resume_names_a_changed_patch_size(cpu, tmp_path):
+def test_resume_names_a_changed_media_shape_even_of_as_many_values(cpu, tmp_path):
     path = str(tmp_path / "eight.safetensors")
     with uform.Trainer.init_ram(cpu, config()) as trainer:
         trainer.save(path)
-    changed = config(resume=path, batch=dict(max_rows_per_device=12, max_columns_per_row=64, image=dict(patch_side=16)))
-    with pytest.raises(uform.InvalidCheckpoint, match=r"values in an image patch \(batch\.image\.patch_side\^2 x channels\) "
-                                                      r"= 192, the config asks for 768"):
+    shapes = dict(max_rows_per_device=12, max_columns_per_row=64)
+    changed = config(resume=path, batch=dict(shapes, image=dict(patch_side=16)))
+    with pytest.raises(uform.InvalidCheckpoint, match=r"batch\.image\.patch_side = 8, the config asks for 16"):
         uform.Trainer.init_ram(cpu, changed)
+    # 2 frames of 16 x 16 x 3 and 8 frames of 8 x 8 x 3 are both 1,536 values, laid out differently.
+    scrambled = config(resume=path, batch=dict(shapes, image=dict(patch_side=8), video=dict(patch_side=8, tube_frames=8)))
+    with pytest.raises(uform.InvalidCheckpoint, match=r"batch\.video\.patch_side = 16, the config asks for 8"):
+        uform.Trainer.init_ram(cpu, scrambled)
+    strided = config(resume=path, batch=dict(shapes, image=dict(patch_side=8), video=dict(frame_stride=3)))
+    uform.Trainer.init_ram(cpu, strided).free()  # which frames are read may change; how they are cut may not
 
 
 # ---------------------------------------------------------------------------------------------- #

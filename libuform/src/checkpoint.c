@@ -1018,22 +1018,21 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
                            path);
     if (status == uform_status_success_k) status = uform_geometry_read(&header, &geometry, what, path, error);
     uint64_t head = layout->token_head == SIZE_MAX ? 0 : layout->tensors[layout->token_head].rows;
-    /* The values in one media token of each kind, as the checkpoint's config shapes them (absent: the defaults). */
-    uint64_t side = geometry.patch_side ? geometry.patch_side : 16, video_side = geometry.video_side ? geometry.video_side : 16;
-    uint64_t image_width = side * side * (geometry.channels ? geometry.channels : 3);
-    uint64_t video_width = (geometry.tube_frames ? geometry.tube_frames : 2) * video_side * video_side *
-                           (geometry.video_channels ? geometry.video_channels : 3);
-    uint64_t audio_width = geometry.chunk_samples ? geometry.chunk_samples : 400;
+    /* How media are cut, as the checkpoint's config says (absent: the defaults): each projection's columns mean
+       one layout of values, which two shapes of as many values would scramble. The stride and sample rate only
+       choose which frames and samples are read, so a resumed run may change them. */
     struct { char const* key; uint64_t found, expected; } fields[] = {
         {"depth", geometry.depth, layout->depth},
         {"hidden", geometry.hidden, layout->hidden},
         {"temperature_groups", geometry.temperature_groups, layout->temperature_groups},
         {"late_interaction.width", geometry.late_span ? geometry.late_width : 0, head},
-        {"values in an image patch (batch.image.patch_side^2 x channels)", image_width,
-         layout->media_width[uform_media_image_k]},
-        {"values in a video tubelet (batch.video.tube_frames x patch_side^2 x channels)", video_width,
-         layout->media_width[uform_media_video_k]},
-        {"values in an audio chunk (batch.audio.chunk_samples)", audio_width, layout->media_width[uform_media_audio_k]}};
+        {"batch.image.patch_side", geometry.patch_side ? geometry.patch_side : 16, layout->image.patch_side},
+        {"batch.image.channels", geometry.channels ? geometry.channels : 3, layout->image.channels},
+        {"batch.video.patch_side", geometry.video_side ? geometry.video_side : 16, layout->video.patch_side},
+        {"batch.video.tube_frames", geometry.tube_frames ? geometry.tube_frames : 2, layout->video.tube_frames},
+        {"batch.video.channels", geometry.video_channels ? geometry.video_channels : 3, layout->video.channels},
+        {"batch.audio.chunk_samples", geometry.chunk_samples ? geometry.chunk_samples : 400,
+         layout->audio.chunk_samples}};
     if (status == uform_status_success_k && !geometry.late_span != !head)
         status = UFORM_BAD("%s: the checkpoint %s %s late-interaction token head, the config %s (late_interaction.weight "
                            "%s)", what, path, head ? "has no" : "has a", head ? "trains one" : "trains none",

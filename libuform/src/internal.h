@@ -129,6 +129,9 @@ typedef struct uform_layout_t {
     size_t media_projection[uform_media_kinds_k]; /* (hidden, width) per media kind */
     size_t media_decoder[uform_media_kinds_k];    /* (width, hidden) */
     size_t media_width[uform_media_kinds_k];      /* floats in one token of each kind */
+    uform_image_shape_t image;                    /* what a projection's columns mean: a resumed run must */
+    uform_video_shape_t video;                    /*   cut media the same way, not merely into as many values */
+    uform_audio_shape_t audio;
     size_t widest;                                /* the largest of them */
     size_t total;                 /* floats in each flat buffer */
 } uform_layout_t;

@@ -61,6 +61,7 @@ uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram
     layout->final_norm = uform_layout_push(layout, "final_norm", 1, h, 0, 1);
     layout->decoder = uform_layout_push(layout, "text.decoder", uform_bytes_k, h, std, 0);
     uform_media_widths(config, layout->media_width);
+    layout->image = config->batch.image, layout->video = config->batch.video, layout->audio = config->batch.audio;
     char const* kinds[uform_media_kinds_k] = {"image", "video", "audio"};
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
         size_t width = layout->media_width[kind];
