@@ -198,6 +198,12 @@ def test_a_batch_decoded_ahead_steps_exactly_as_the_batch(cpu):
         assert np.array_equal(trainer._weights(), twin._weights())
         with pytest.raises(uform.InvalidHandle, match="decoded batch: used after free"):
             trainer.step(decoded)
+        queued = trainer.decode(steps[0])
+        landing = [trainer.deferred().step(queued) for _ in range(2)]
+        queued.free()  # the steps submitted with it still run; then it lets go
+        assert all(np.isfinite(answer.wait().stats.loss) for answer in landing)
+        with pytest.raises(uform.InvalidHandle, match="decoded batch: used after free"):
+            trainer.step(queued)
         text = trainer.decode(dict(modalities=[uform.Modality.TEXT], contents=["only words"]))
         assert np.isfinite(trainer.step(text).stats.loss)  # holds no tokens, steps as its batch
 

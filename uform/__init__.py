@@ -330,23 +330,38 @@ class Decoded:
     or collection. The same `Decoded` may feed several steps.
     """
 
-    __slots__ = ("_trainer", "_inputs", "_native")
+    __slots__ = ("_trainer", "_inputs", "_native", "_lock", "_steps", "_freeing")
 
     def __init__(self, trainer: "Trainer", inputs: Any, native: Any) -> None:
         self._trainer, self._inputs, self._native = trainer, inputs, native
+        self._lock, self._steps, self._freeing = threading.Lock(), 0, False
 
-    def _live(self) -> Any:
-        if self._native is not None and not self._native.alive:
-            raise InvalidHandle("decoded batch: used after free()")
-        return self._native
+    def _hold(self) -> Any:
+        """Counts a step submitted with it, which `_release` uncounts once run; answers the native handle."""
+        with self._lock:
+            if self._freeing or (self._native is not None and not self._native.alive):
+                raise InvalidHandle("decoded batch: used after free()")
+            self._steps += 1
+            return self._native
+
+    def _release(self) -> None:
+        with self._lock:
+            self._steps -= 1
+            if self._steps or not self._freeing or self._native is None:
+                return
+        self._native.free()
 
     def free(self) -> None:
-        """Lets go of the decoded tokens now; harmless when already freed. A batch of text holds none."""
-        if self._native is not None:
-            self._native.free()
+        """Lets go of the decoded tokens now, or once the steps submitted with it have run; harmless when
+        already freed. A batch of text holds none."""
+        with self._lock:
+            self._freeing = True
+            if self._steps or self._native is None:
+                return
+        self._native.free()
 
     def __repr__(self) -> str:
-        state = " freed" if self._native is not None and not self._native.alive else ""
+        state = " freed" if self._freeing else ""
         return f"<uform.Decoded of {self._inputs.count} items{state}>"
 
 
@@ -467,33 +482,43 @@ class Trainer(_OnExecutor):
         return self._mesh
 
     def _inputs(self, batch: Any):
-        """The pinned inputs of `batch`, and its media decoded ahead when it is a `Decoded` of this trainer."""
+        """The pinned inputs of `batch`, its media decoded ahead, and the `Decoded` that holds them, counted
+        as held until its `_release`: when `batch` is a `Decoded` of this trainer."""
         if isinstance(batch, Decoded):
             if batch._trainer is not self:
                 raise InvalidArgument("batch: a Decoded made by another trainer; decode it with this one")
-            return batch._inputs, batch._live()
-        return _native.StepInputs(normalize_batch(batch)), None
+            return batch._inputs, batch._hold(), batch
+        return _native.StepInputs(normalize_batch(batch)), None, None
 
     def _step_call(self, batch: Any, config: Any, lookahead: Optional["_Lookahead"] = None):
         """Checks and pins the batch, and claims its arena, now; answers the call that runs the step on the worker.
 
         `lookahead`, for deferred steps, decodes the batch's media while the steps submitted before it run."""
         native = self._handle()
-        inputs, decoded = self._inputs(batch)
-        settings = normalize_step_config(config)
-        arena, scalar, hidden = settings["arena"], settings["outputs_scalar"], self._hidden
-        c_scalar = _native.C_ENUMS["scalar"][scalar.value]
-        ahead = None
+        inputs, decoded, holder = self._inputs(batch)
+        try:
+            settings = normalize_step_config(config)
+            arena, scalar, hidden = settings["arena"], settings["outputs_scalar"], self._hidden
+            c_scalar = _native.C_ENUMS["scalar"][scalar.value]
+            ahead = None
 
-        def step() -> Stepped:
-            landing = None
-            if arena is not None:
-                landing = arena._reserve(inputs.count * hidden * _ITEM_BYTES[scalar])
-            stats = Stats(native.step(inputs, landing, c_scalar, decoded if ahead is None else ahead.result()))
-            rows = None if arena is None else Rows(landing, scalar, (inputs.count, hidden))
-            return Stepped(stats, rows)
+            def step() -> Stepped:
+                try:
+                    landing = None
+                    if arena is not None:
+                        landing = arena._reserve(inputs.count * hidden * _ITEM_BYTES[scalar])
+                    stats = Stats(native.step(inputs, landing, c_scalar, decoded if ahead is None else ahead.result()))
+                    rows = None if arena is None else Rows(landing, scalar, (inputs.count, hidden))
+                    return Stepped(stats, rows)
+                finally:
+                    if holder is not None:
+                        holder._release()
 
-        call = step if arena is None else arena._claim_for(step, "config.arena")
+            call = step if arena is None else arena._claim_for(step, "config.arena")
+        except BaseException:
+            if holder is not None:
+                holder._release()
+            raise
         if lookahead is not None and decoded is None and inputs.has_media:  # last: nothing after it raises
             ahead = lookahead.submit(lambda: native.decode(inputs))
         return call
@@ -566,10 +591,14 @@ class Trainer(_OnExecutor):
     def _probe(self, batch: Any):
         """For tests: a step's loss and gradients without the update, as (Stats, float32 gradients)."""
         native = self._handle()
-        inputs, decoded = self._inputs(batch)
+        inputs, decoded, holder = self._inputs(batch)
 
         def probe():
-            stats, gradients = native.probe(inputs, decoded)
+            try:
+                stats, gradients = native.probe(inputs, decoded)
+            finally:
+                if holder is not None:
+                    holder._release()
             return Stats(stats), gradients
 
         return self._worker().run(probe)

@@ -480,16 +480,18 @@ UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_train
  *  @param[out] error The message on failure; may be NULL.
  *
  *  Bad media are refused here, by item, as the step would refuse them. The step checks that it brings
- *  the items decoded (modalities, contents tape and offsets) and refuses other ones; the bytes
- *  themselves must not change in between. The tokens take `4 x tokens x width` bytes of host memory
- *  until `uform_decoded_free`; a decoded batch may feed several steps, probes included.
+ *  the items decoded (modalities, contents tape and offsets) and refuses other ones. Media bytes are
+ *  read here, not by the step, so bytes changed in between are not seen; text is read by the step.
+ *  The tokens take `4 x tokens x width` bytes of host memory until `uform_decoded_free`; a decoded
+ *  batch may feed several steps, probes included.
  */
 UFORM_API uform_status_t uform_trainer_decode(uform_trainer_t trainer, uform_trainer_step_t const* step,
                                               uform_decoded_t* decoded, char const** error);
 
 /**
  *  @brief Frees what `uform_trainer_decode` made. NULL is accepted and ignored.
- *  @return `uform_status_busy_k` while a step reads it.
+ *  @return `uform_status_busy_k` while a step packs its tokens, the start of the step; once packed, a
+ *  step needs it no more.
  */
 UFORM_API uform_status_t uform_decoded_free(uform_decoded_t decoded, char const** error);
 
