@@ -388,3 +388,37 @@ def test_an_item_the_library_refuses_is_mapped_back_to_its_record_and_left_out(t
     with Stream(dict(dataset, bad_records="refuse"), config) as stream:
         with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:3: 'image': not a readable PNG"):
             stream.without_refused(next(stream), refused.value)
+
+
+def test_a_stream_decoding_ahead_decodes_every_batch_and_drops_a_bad_picture_before_its_step(tmp_path):
+    import zlib
+    import struct
+
+    def png(seed):
+        pixels = np.random.default_rng(seed).integers(0, 255, (16, 16, 3), np.uint8)
+        raw = b"".join(b"\x00" + row.tobytes() for row in pixels)
+
+        def chunk(kind, body):
+            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+        header = struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0)
+        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    rows = []
+    for k in range(12):
+        picture = png(k) if k != 5 else png(k)[:60]  # signature right, the rest cut: only the decoder finds out
+        (folder / f"{k:02d}.png").write_bytes(picture)
+        rows.append(dict(caption=f"picture number {k}", picture=str(folder / f"{k:02d}.png")))
+    table = write_jsonl(tmp_path / "pictures.jsonl", rows)
+    config = dict(CONFIG, batch=dict(CONFIG["batch"], image=dict(patch_side=8)))
+    dataset = dict(paths=[table], columns=dict(caption="text", picture="image"), shuffle_buffer=1)
+    with uform.Executor.for_ram(threads=1) as executor, uform.Trainer.init_ram(executor, config) as trainer, \
+            Stream(dataset, config) as stream:
+        stream.decode_ahead(trainer.decode)
+        steps = take(stream, 3)
+        assert all(step.decoded and isinstance(step.batch, uform.Decoded) for step in steps if step.batch is not None)
+        bad = [record for step in steps for record in step.bad_records]
+        assert bad == [f"{table}:5: 'picture': not a readable PNG image: the file ends early"]
+        assert all(np.isfinite(trainer.step(step.batch).stats.loss) for step in steps if step.batch is not None)

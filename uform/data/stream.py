@@ -57,6 +57,7 @@ class StepBatch:
     locations: List[str] = field(default_factory=list)
     bad_records: List[str] = field(default_factory=list)
     groups: List[Group] = field(default_factory=list)
+    decoded: bool = False  #: whether `batch` is a `uform.Decoded`: its media decoded ahead
 
 
 _REASONS = 3  # the bad records an error about a whole epoch quotes
@@ -326,15 +327,16 @@ class Stream:
 
     def decode_ahead(self, decode: Callable[[Any], Any]) -> None:
         """Has the thread decode each batch's images, video and audio with `decode` (a trainer's `decode`),
-        so the device never waits for them; from the next batch it assembles on. A record whose media
-        `decode` refuses is bad, as when the step refuses it."""
+        so the device never waits for them; batches it assembled before are decoded as they are taken. A
+        record whose media `decode` refuses is bad, as when the step refuses it."""
         self._decode = decode
 
     def _decoded(self, step: StepBatch) -> StepBatch:
         """The step with its media decoded ahead, its records whose media the library refuses left out."""
         while self._decode is not None and step.batch is not None:
             try:
-                return StepBatch(self._decode(step.batch), step.cursor, step.locations, step.bad_records, step.groups)
+                return StepBatch(self._decode(step.batch), step.cursor, step.locations, step.bad_records, step.groups,
+                                 decoded=True)
             except InvalidArgument as error:
                 retried = self.without_refused(step, error)  # raises BadRecord under "refuse"
                 if retried is None:
@@ -392,6 +394,8 @@ class Stream:
         if isinstance(step, BaseException):
             self._stopping.set()
             raise step
+        if self._decode is not None and not step.decoded:  # assembled before `decode_ahead`: decoded here
+            step = self._decoded(step)
         return step
 
     def close(self) -> None:
