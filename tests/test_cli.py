@@ -473,3 +473,19 @@ def test_help_lists_every_section_but_the_trainers_field_by_field(capsys):
     for section, field in (("data", "shuffle_buffer"), ("evaluation", "max_records"), ("checkpoints", "every_minutes"),
                            ("run", "threads")):
         assert re.search(rf"^\[{section}\].*\n(  .*\n)*  {field} ", printed, re.M), section
+
+
+def test_embed_reads_a_tables_column_of_picture_paths_as_pictures(tmp_path, capsys):
+    photos = write_photos(tmp_path / "photos", 3)
+    table = tmp_path / "pictures.jsonl"
+    table.write_text("".join(json.dumps(dict(picture=os.path.join(photos, f"p{i:02d}.png"))) + "\n" for i in range(3)))
+    checkpoint = str(tmp_path / "tiny.safetensors")
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1),
+            batch=dict(max_columns_per_row=64, image=dict(patch_side=8)))) as trainer:
+        trainer.save(checkpoint)
+    for name, extra in (("guessed", []), ("told", ["--modality", "image"]), ("paths", ["--modality", "text"])):
+        assert cli.main(["embed", checkpoint, str(table), str(tmp_path / f"{name}.npy"), *extra]) == 0
+    assert "'picture' holds image files" in capsys.readouterr().err
+    guessed, told, paths = (np.load(tmp_path / f"{name}.npy") for name in ("guessed", "told", "paths"))
+    assert np.array_equal(guessed, told) and not np.allclose(guessed, paths)

@@ -581,6 +581,14 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
                                   "to embed")
         column = offered[0]
     kind = enum_member(Modality, modality, "--modality") if modality else _column_modality(column)
+    if not modality and kind == Modality.TEXT:  # a table's column of file paths holds media, not text
+        first = next(iter(records(normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout)))), None)
+        value = first[1].get(column) if first and isinstance(first[1], dict) else None
+        if isinstance(value, str) and "." in value and "\n" not in value:
+            kind = _column_modality(value.rsplit(".", 1)[1])
+            if kind != Modality.TEXT:
+                print(f"uform embed: {column!r} holds {kind.value} files ({value!r}); embedding them "
+                      "(--modality text embeds the paths as text)", file=sys.stderr)
     dataset = normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout, bad_records="refuse"))
     scalar = scalar_member(scalar, "--scalar")
     executor, _ = open_executor(device, threads)
@@ -714,7 +722,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     embedding.add_argument("input", help="a JSONL, CSV or Parquet file, a tar shard or a folder")
     embedding.add_argument("output", help="OUTPUT.npy (rows in input order) or OUTPUT.parquet (location, embedding)")
     embedding.add_argument("--column", help="the column (or file extension) to embed; absent: the input's only one")
-    embedding.add_argument("--modality", choices=[m.value for m in Modality], help="absent: by the column's extension")
+    embedding.add_argument("--modality", choices=[m.value for m in Modality],
+                           help="absent: by the column's extension, or by its first value's when that names a file")
     embedding.add_argument("--format", choices=FORMATS, help="the input's layout; absent: by its extension")
     embedding.add_argument("--scalar", default="f32", choices=[s.value for s in uform.Scalar],
                            help="f32, f16, bf16 (stored as its uint16 bits) or i8 (round(127 x))")
@@ -732,6 +741,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
                          args.device, args.threads, max(1, args.chunk))
         return info(args.checkpoint, args.json)
+    except BrokenPipeError:  # a reader that stopped early (`uform info ... | head`) is no failure
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 0
     except (Error, OSError) as error:
         print(f"uform {args.command}: {error}", file=sys.stderr)
         return 1
