@@ -613,6 +613,16 @@ def test_audio_cut_to_max_tokens():
     assert grid["frames"] == 40 and not grid["truncated"]
 
 
+@needs_format("wav")
+def test_audio_below_a_thousand_samples_a_second_is_refused_before_resampling():
+    """800 samples at 1 Hz would resample to 12.8 M at 16 kHz: hundreds of MB for 1.6 kB of file."""
+    for rate in (1, 999):
+        with pytest.raises(uform.InvalidArgument, match=rf"audio at {rate} samples a second; uform reads 1000 to 768000"):
+            audio(wav_bytes(tone(800 / rate, rate)[:800], rate), sample_rate=16000, chunk_samples=400)
+    chunks, _ = audio(wav_bytes(tone(0.1, 1000), 1000), sample_rate=16000, chunk_samples=400)
+    assert chunks.shape == (4, 400)
+
+
 @needs_format("wav", "flac", "mp3", "ogg")
 @needs("ffmpeg", "ffprobe")
 @pytest.mark.parametrize("suffix, arguments", [

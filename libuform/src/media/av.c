@@ -339,9 +339,10 @@ static uform_status_t uform_audio_resampler(uform_audio_t* audio, AVFrame const*
     if (channels < 1 || channels > uform_media_max_channels_k)
         return uform_fail(av->error, uform_status_invalid_argument_k, "%s: audio of %d channels; uform mixes 1 to %d",
                           av->field, channels, (int)uform_media_max_channels_k);
-    if (frame->sample_rate < 1 || frame->sample_rate > uform_media_max_sample_rate_k)
-        return uform_fail(av->error, uform_status_invalid_argument_k, "%s: audio at %d samples a second; uform reads 1 "
-                          "to %d", av->field, frame->sample_rate, (int)uform_media_max_sample_rate_k);
+    if (frame->sample_rate < uform_media_min_sample_rate_k || frame->sample_rate > uform_media_max_sample_rate_k)
+        return uform_fail(av->error, uform_status_invalid_argument_k, "%s: audio at %d samples a second; uform reads %d "
+                          "to %d", av->field, frame->sample_rate, (int)uform_media_min_sample_rate_k,
+                          (int)uform_media_max_sample_rate_k);
     AVChannelLayout input = {0}, mono = AV_CHANNEL_LAYOUT_MONO;
     if (frame->ch_layout.order == AV_CHANNEL_ORDER_UNSPEC) av_channel_layout_default(&input, channels);
     else if (av_channel_layout_copy(&input, &frame->ch_layout) < 0)

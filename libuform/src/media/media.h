@@ -41,6 +41,7 @@ enum {
     uform_media_max_pixels_k = 1 << 25,  /* pixels of one image or frame: 33.5 M, 8192 x 4096 */
     uform_media_max_channels_k = 32,     /* audio channels mixed to mono */
     uform_media_max_sample_rate_k = 768000, /* the highest audio sample rate read */
+    uform_media_min_sample_rate_k = 1000,   /* the lowest: resampling 1 Hz to 16 kHz takes 16,000 x each frame's room */
 };
 
 /** Where an item's tokens came from, after cutting to fit. */
