@@ -443,8 +443,9 @@ def test_bad_pngs_refused():
 @needs_format("png")
 def test_png_bomb_refused_before_allocating():
     """IHDRs declaring huge pictures over a few bytes of data: refused from the header."""
-    for width, height in ((30000, 10), (10, 30000), (8000, 8000)):
-        refused(png_bytes(picture(4, 4), width=width, height=height), match="limit")
+    for width, height in ((30000, 10), (10, 30000), (8000, 8000), (100000, 100000)):
+        refused(png_bytes(picture(4, 4), width=width, height=height),
+                match=rf"PNG image of {width} x {height} pixels is over the limit of 16384 pixels a side")
 
 
 @needs_format("jpeg")

@@ -189,8 +189,9 @@ static void uform_png_read(png_structp png, png_bytep out, size_t size) {
 static void uform_png_run(uform_decode_t* decode, png_structp png, png_infop info) {
     if (setjmp(decode->jump)) return;
     png_set_read_fn(png, decode, uform_png_read);
-    /* libpng checks these as it reads the header; ours below also cap the product. */
-    png_set_user_limits(png, uform_media_max_side_k, uform_media_max_side_k);
+    /* The header alone is read before our limits are checked, so libpng's are left at PNG's own (2^31 - 1),
+     * and an oversized image is refused by ours, in our words, before any pixel is allocated. */
+    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
     png_set_chunk_malloc_max(png, 8u << 20);
     png_read_info(png, info);
     png_uint_32 width, height;
