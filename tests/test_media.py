@@ -440,6 +440,14 @@ def test_bad_pngs_refused():
     refused(png_bytes(picture(4, 4), height=0), match="PNG")
 
 
+def test_a_path_given_for_a_files_bytes_is_told_so():
+    refused(b"photos/cat number 7.png", match=r"match no format uform reads \(.*\); they read like a file's path, "
+                                               r"and an item's contents are the file's bytes")
+    with pytest.raises(uform.InvalidArgument, match="match no format") as caught:
+        decoded(b"not a picture at all")
+    assert "path" not in str(caught.value)  # text, but no path: no hint
+
+
 @needs_format("png")
 def test_png_bomb_refused_before_allocating():
     """IHDRs declaring huge pictures over a few bytes of data: refused from the header."""

@@ -429,7 +429,7 @@ uform_status_t uform_audio_chunks(uint8_t const* bytes, size_t length, uint32_t 
     if (!bytes || !length) return uform_fail(error, uform_status_invalid_argument_k, "%s: an empty audio file", field);
     uform_media_format_t format = uform_media_sniff(bytes, length);
     if (format < uform_media_wav_k || format > uform_media_ogg_k)
-        return uform_media_refuse_kind(format, "audio", field, error);
+        return uform_media_refuse_kind(format, "audio", bytes, length, field, error);
 
     uform_av_t av = {.source = {bytes, length, 0}, .field = field, .error = error};
     uform_audio_t audio = {.av = &av, .sample_rate = sample_rate, .samples = chunks,
@@ -561,7 +561,7 @@ uform_status_t uform_video_tubelets(uint8_t const* bytes, size_t length, uint32_
     if (!bytes || !length) return uform_fail(error, uform_status_invalid_argument_k, "%s: an empty video file", field);
     uform_media_format_t format = uform_media_sniff(bytes, length);
     if (format < uform_media_mp4_k || format > uform_media_mkv_k)
-        return uform_media_refuse_kind(format, "a video", field, error);
+        return uform_media_refuse_kind(format, "a video", bytes, length, field, error);
 
     uform_av_t av = {.source = {bytes, length, 0}, .field = field, .error = error};
     uform_video_t video = {.av = &av, .patch_side = patch_side, .tube_frames = tube_frames,
@@ -599,7 +599,7 @@ uform_status_t uform_audio_chunks(uint8_t const* bytes, size_t length, uint32_t 
     (void)sample_rate, (void)chunk_samples, (void)max_tokens, (void)chunks, (void)grid;
     uform_media_format_t format = uform_media_sniff(bytes, length);
     if (format < uform_media_wav_k || format > uform_media_ogg_k)
-        return uform_media_refuse_kind(format, "audio", field ? field : "audio", error);
+        return uform_media_refuse_kind(format, "audio", bytes, length, field ? field : "audio", error);
     return uform_media_refuse_missing(format, field ? field : "audio", error);
 }
 
@@ -610,7 +610,7 @@ uform_status_t uform_video_tubelets(uint8_t const* bytes, size_t length, uint32_
     (void)grid;
     uform_media_format_t format = uform_media_sniff(bytes, length);
     if (format < uform_media_mp4_k || format > uform_media_mkv_k)
-        return uform_media_refuse_kind(format, "a video", field ? field : "video", error);
+        return uform_media_refuse_kind(format, "a video", bytes, length, field ? field : "video", error);
     return uform_media_refuse_missing(format, field ? field : "video", error);
 }
 

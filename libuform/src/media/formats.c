@@ -6,6 +6,7 @@
  *  A format is recognized by its magic bytes alone, so an item is decoded by the one decoder its
  *  bytes call for, never by a library's own guessing over every format it knows.
  */
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -143,12 +144,28 @@ uform_status_t uform_media_refuse_missing(uform_media_format_t format, char cons
                       info->what, info->library, info->package);
 }
 
-uform_status_t uform_media_refuse_kind(uform_media_format_t found, char const* expected, char const* field,
-                                       char const** error) {
+/* Whether the bytes read like a file's path ("photos/cat.jpg"): short printable text ending in an extension. */
+static int uform_media_looks_like_path(uint8_t const* bytes, size_t length) {
+    if (!bytes || length < 3 || length > 4096) return 0;
+    for (size_t i = 0; i != length; ++i)
+        if (bytes[i] < 0x20 || bytes[i] == 0x7F) return 0;
+    size_t dot = length;
+    while (dot && bytes[dot - 1] != '.' && length - dot < 5) --dot;
+    if (!dot || bytes[dot - 1] != '.' || dot == length) return 0;
+    for (size_t i = dot; i != length; ++i)
+        if (!isalnum(bytes[i])) return 0;
+    return 1;
+}
+
+uform_status_t uform_media_refuse_kind(uform_media_format_t found, char const* expected, uint8_t const* bytes,
+                                       size_t length, char const* field, char const** error) {
     int audio = !strcmp(expected, "audio");
     if (found == uform_media_unknown_k)
         return uform_fail(error, uform_status_invalid_argument_k, "%s: not %s file: its first bytes match no format "
-                          "uform reads (%s)", field, audio ? "an audio" : expected, uform_media_formats());
+                          "uform reads (%s)%s", field, audio ? "an audio" : expected, uform_media_formats(),
+                          uform_media_looks_like_path(bytes, length)
+                              ? "; they read like a file's path, and an item's contents are the file's bytes"
+                              : "");
     uform_media_format_info_t const* info = &uform_media_table[found < uform_media_formats_count_k ? found : 0];
     /* A container of video formats may hold sound alone; uform reads audio from audio formats only. */
     int boxed = audio && (found == uform_media_mp4_k || found == uform_media_webm_k || found == uform_media_mkv_k);

@@ -309,7 +309,7 @@ uform_status_t uform_image_patches(uint8_t const* bytes, size_t length, uint32_t
     if (!bytes || !length) return uform_fail(error, uform_status_invalid_argument_k, "%s: an empty image", field);
     uform_media_format_t format = uform_media_sniff(bytes, length);
     if (format != uform_media_jpeg_k && format != uform_media_png_k && format != uform_media_webp_k)
-        return uform_media_refuse_kind(format, "an image", field, error);
+        return uform_media_refuse_kind(format, "an image", bytes, length, field, error);
 
     uform_decode_t decode;
     memset(&decode, 0, sizeof(decode));

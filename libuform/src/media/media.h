@@ -139,8 +139,8 @@ UFORM_API uform_status_t uform_audio_chunks(uint8_t const* bytes, size_t length,
 uform_status_t uform_media_refuse_missing(uform_media_format_t format, char const* field, char const** error);
 
 /** Refuses an item whose bytes are not of the modality it was declared as, naming what they are. */
-uform_status_t uform_media_refuse_kind(uform_media_format_t found, char const* expected, char const* field,
-                                       char const** error);
+uform_status_t uform_media_refuse_kind(uform_media_format_t found, char const* expected, uint8_t const* bytes,
+                                       size_t length, char const* field, char const** error);
 
 /** The patch grid an image of `height x width` pixels is resized to, as `uform_image_patches` says. */
 void uform_media_fit(size_t height, size_t width, uint32_t patch_side, size_t max_tokens, uform_media_grid_t* grid);
