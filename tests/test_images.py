@@ -216,6 +216,10 @@ def test_decoding_refuses_bad_media_by_item_and_another_trainers_batch(cpu):
             trainer.decode(dict(good, contents=[good["contents"][0], good["contents"][1][:40]]))
         with pytest.raises(uform.InvalidArgument, match="another trainer"):
             other.step(trainer.decode(good))
+        many = dict(modalities=[uform.Modality.IMAGE] * 49, contents=[good["contents"][1]] * 49)  # 49 x 16 > 12 x 64
+        with pytest.raises(uform.InvalidArgument, match="the media alone take 784 tokens, more than "
+                                                        "config.batch.max_rows_per_device = 12 rows of 64 columns"):
+            trainer.decode(many)
         assert np.array_equal(other._weights(), before)
 
 
