@@ -658,7 +658,7 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
             status = UFORM_INVALID("batch.temperature_groups[%zu]: %u is not below "
                                    "config.contrastive.temperature_groups = %u", first + i, group, group_count);
     }
-    if (status == uform_status_success_k) {
+    if (status == uform_status_success_k && placed) { /* a team woken for nothing spins beside the launches */
 #pragma omp parallel for schedule(dynamic, 1)
         for (size_t k = 0; k < placed; ++k)
             uform_place_media(packed, config, hiding, decoded, placements[k].item, placements[k].kind,
