@@ -7,7 +7,9 @@ reference of the resize and the patch layout. A test that needs a program skips 
 CI installs them all (.ci/run).
 """
 import concurrent.futures
+import ctypes
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -784,6 +786,111 @@ def test_video_threads_decode_alike(tmp_path):
         together = list(pool.map(lambda item: video(item)[0], items * 3))
     for i, tubelets in enumerate(together):
         np.testing.assert_array_equal(tubelets, alone[i % len(items)])
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  uform_media_tokens: one item's tokens as a batch shape reads them                              #
+# ---------------------------------------------------------------------------------------------- #
+
+
+class _Shape(ctypes.Structure):
+    """`uform_batch_shape_t`, field for field."""
+
+    _fields_ = [(name, ctypes.c_uint32) for name in (
+        "max_rows_per_device", "max_segments_per_device", "max_columns_per_row", "max_bags_per_device",
+        "max_choices_per_item", "image_patch_side", "image_channels", "video_patch_side", "video_tube_frames",
+        "video_frame_stride", "video_channels", "audio_chunk_samples", "audio_sample_rate")]
+
+
+def media_tokens_verb():
+    """`uform_media_tokens` itself, through ctypes, so arguments Python would never pass reach it."""
+    verb = ctypes.CDLL(os.path.join(os.path.dirname(uform.__file__), "libuform.so")).uform_media_tokens
+    verb.restype = ctypes.c_int
+    verb.argtypes = [ctypes.POINTER(_Shape), ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                     ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32),
+                     ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_char_p)]
+    return verb
+
+
+def media_tokens_in_c(shape, modality, data, capacity, sizing=False):
+    """(status, message, tokens or None, grid, count, width) of one call with room for `capacity` tokens."""
+    verb = media_tokens_verb()
+    grid, count, width, message = (ctypes.c_uint32 * 3)(), ctypes.c_size_t(7), ctypes.c_size_t(0), ctypes.c_char_p()
+    tokens = None if sizing else np.full(max(capacity, 1) * 4096, np.nan, np.float32)  # wider than any width here
+    pointer = None if sizing else tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    status = verb(ctypes.byref(shape), modality, data, len(data), pointer, capacity, grid, ctypes.byref(count),
+                  ctypes.byref(width), ctypes.byref(message))
+    text = message.value.decode() if status else ""
+    return status, text, tokens, tuple(grid), count.value, width.value
+
+
+@needs_format("png")
+def test_media_tokens_are_the_decoders_own_under_the_shapes_defaults():
+    """The C verb with a zeroed shape derives a trainer's defaults (patches of 16 x 16 x 3, rows of 512) and
+    answers what `uform_image_patches` answers with them; a NULL buffer sizes, a short one is refused whole."""
+    data = png_bytes(picture(40, 70, seed=3))
+    patches, grid = decoded(data, patch_side=16, channels=3, max_tokens=512)
+    assert (grid["rows"], grid["columns"]) == (3, 4)
+    status, _, _, sized, count, width = media_tokens_in_c(_Shape(), 2, data, 0, sizing=True)
+    assert (status, sized, count, width) == (0, (1, 3, 4), 12, 16 * 16 * 3)
+    for capacity in (12, 512):  # just enough, decoded aside and copied; a row's room, decoded in place
+        status, _, tokens, answered, count, _ = media_tokens_in_c(_Shape(), 2, data, capacity)
+        assert (status, answered, count) == (0, (1, 3, 4), 12)
+        np.testing.assert_array_equal(tokens[:count * width].reshape(patches.shape), patches)
+        assert np.isnan(tokens[count * width:]).all()  # nothing past the item's tokens
+    status, message, tokens, _, count, _ = media_tokens_in_c(_Shape(), 2, data, 11)
+    assert (status, count) == (1, 12) and message == "capacity: 11 tokens, but the item decodes to 12"
+    assert np.isnan(tokens).all()
+
+
+@needs_format("png", "wav")
+def test_media_tokens_refusals_name_the_field():
+    image, sound = png_bytes(picture(8, 8)), wav_bytes(tone(0.05, 16000), 16000)
+    cases = [
+        (_Shape(), 1, image, r"modality: 1 is not image \(2\), video \(3\) or audio \(4\); text has no media tokens"),
+        (_Shape(), 9, image, r"modality: 9 is not image \(2\)"),
+        (_Shape(), 2, sound, r"bytes: declared an image, but the bytes are audio \(wav\)"),
+        (_Shape(), 4, image, r"bytes: declared audio, but the bytes are image \(png\)"),
+        (_Shape(), 2, b"GIF89a" + bytes(20), "bytes: not an image file: its first bytes match no format"),
+        (_Shape(image_channels=2), 2, image, r"shape.image.channels: 2 is not 1 \(gray\), 3 \(RGB\) or 4"),
+        (_Shape(max_columns_per_row=20000), 2, image, "shape.max_columns_per_row: 20000 is over 16384"),
+    ]
+    for shape, modality, data, pattern in cases:
+        status, message, tokens, _, _, _ = media_tokens_in_c(shape, modality, data, 512)
+        assert status == 1 and re.match(pattern, message), message
+        assert np.isnan(tokens).all()
+    verb, count, message = media_tokens_verb(), ctypes.c_size_t(), ctypes.c_char_p()
+    counted = ctypes.byref(count)
+    for arguments, words in [((None, 2, image, len(image), None, 0, None, counted), b"shape: NULL"),
+                             ((_Shape(), 2, image, len(image), None, 0, None, None), b"count: NULL output pointer"),
+                             ((_Shape(), 2, None, 8, None, 0, None, counted), b"bytes: NULL with a length of 8")]:
+        assert verb(*arguments, None, ctypes.byref(message)) == 1 and message.value.startswith(words)
+    # grid, width and error may be NULL
+    assert verb(_Shape(), 2, image, len(image), None, 0, None, counted, None, None) == 0 and count.value == 1
+
+
+@needs_format("png", "wav")
+def test_media_tokens_in_python_follow_the_shape_given():
+    """`uform.media_tokens` takes a `BatchShape` or a dict, as a checkpoint's config records it."""
+    image = png_bytes(picture(30, 50, seed=1))
+    tokens, grid = uform.media_tokens("image", image, dict(max_columns_per_row=8, image=dict(patch_side=8, channels=1)))
+    patches, expected = decoded(image, patch_side=8, channels=1, max_tokens=8)
+    assert grid == (1, 2, 3) == (expected["frames"], expected["rows"], expected["columns"]) and expected["truncated"]
+    np.testing.assert_array_equal(tokens, patches.reshape(len(patches), -1))
+    sound = wav_bytes(tone(0.1, 8000), 8000)
+    chunks, grid = uform.media_tokens(uform.Modality.AUDIO, sound, uform.BatchShape(audio=uform.AudioShape(
+        chunk_samples=300)))
+    expected, _ = audio(sound, chunk_samples=300, max_tokens=512)
+    assert grid == (len(expected), 1, 1) == (6, 1, 1)  # 1600 samples at 16 kHz, the last chunk padded
+    np.testing.assert_array_equal(chunks, expected)
+    with pytest.raises(uform.InvalidArgument, match=r"bytes: declared an image, but the bytes are audio"):
+        uform.media_tokens("image", sound)
+    with pytest.raises(uform.InvalidArgument, match="modality: 1 is not image"):
+        uform.media_tokens("text", b"red panda")
+    with pytest.raises(uform.InvalidArgument, match="content: expected the encoded file as bytes, got str"):
+        uform.media_tokens("image", "red panda")
+    with pytest.raises(uform.InvalidArgument, match="shape.image.patch_sides: unknown field"):
+        uform.media_tokens("image", image, dict(image=dict(patch_sides=8)))
 
 
 # ---------------------------------------------------------------------------------------------- #

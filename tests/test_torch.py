@@ -4,7 +4,9 @@ PyTorch is an optional extra, so these tests skip where it is not installed (CI 
 only); the ONNX test also needs `onnx` and `onnxscript`, and checks numbers where `onnxruntime` is.
 Both sides compute in float32 on the CPU and agree to float32 rounding: the difference is the order of
 additions (OpenBLAS's and PyTorch's products, attention's softmax), measured below 1e-6 on these
-models; the tests allow 1e-5.
+models; the tests allow 1e-5. Images, video and audio are decoded by the library for both sides
+(`uform.media_tokens`), so there too only the model's arithmetic differs: 2.1e-7 for image and audio
+embeddings, 7.2e-7 for video token vectors.
 """
 import os
 import subprocess
@@ -216,9 +218,9 @@ def test_bad_inputs_are_refused_by_name(checkpoints):
     plain = uform_torch.load(checkpoints["plain"])
     with pytest.raises(uform.InvalidArgument, match="no token head"):
         plain.embed_tokens(["a"])
-    with pytest.raises(uform.InvalidArgument, match=r"texts\[1\]: empty"):
+    with pytest.raises(uform.InvalidArgument, match=r"items\[1\]: empty"):
         plain.embed(["a", ""])
-    with pytest.raises(uform.InvalidArgument, match=r"texts\[0\]: cannot be encoded as UTF-8"):
+    with pytest.raises(uform.InvalidArgument, match=r"items\[0\]: cannot be encoded as UTF-8"):
         plain.embed(["\ud800"])
     with pytest.raises(uform.InvalidArgument, match="dimensions: 129 is not a width"):
         plain.embed(["a"], dimensions=129)
@@ -229,6 +231,8 @@ def test_bad_inputs_are_refused_by_name(checkpoints):
     with pytest.raises(uform.InvalidArgument, match=r"sides\[0\]: none has no token vectors"):
         uform_torch.load(checkpoints["late"]).embed_tokens(["a"], sides=["none"])
     assert plain.embed([]).shape == (0, 128) and plain.text_choose([], []) == []
+    with pytest.raises(uform.InvalidArgument, match=r"texts\[1\]: empty"):
+        plain.text_choose(["a", ""], ["yn", "yn"])
 
 
 def test_onnx_export_computes_the_same(checkpoints, tmp_path):
@@ -259,3 +263,180 @@ def test_importing_uform_does_not_import_torch(tmp_path):
     printed = subprocess.run([sys.executable, "-c", absent], check=True, cwd=tmp_path, env=environment,
                              capture_output=True, text=True).stdout
     assert 'pip install "uform[torch]"' in printed
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  Images, video and audio: decoded by the library, embedded by the module                       #
+# ---------------------------------------------------------------------------------------------- #
+
+from test_media import clip, needs, needs_format, picture, png_bytes, tone, wav_bytes  # noqa: E402
+
+MEDIA_CONFIG = dict(depth=2, hidden=128, objective=uform.Objective.JOINT, seed=7,
+                    schedule=dict(steps=100, warmup_steps=2, learning_rate=3e-3),
+                    batch=dict(max_rows_per_device=8, max_columns_per_row=64, image=dict(patch_side=8),
+                               video=dict(patch_side=8, tube_frames=2), audio=dict(chunk_samples=200)),
+                    late_interaction=dict(weight=1.0, width=32, max_query_span=12))
+# (height, width): 2 x 3 and 3 x 2 patches (a swapped row and column would show), 13 x 4, and 15 x 15 shrunk to 8 x 8.
+PICTURES = [(16, 24), (24, 16), (100, 30), (120, 120)]
+
+
+def pictures():
+    return [png_bytes(picture(height, width, seed=i)) for i, (height, width) in enumerate(PICTURES)]
+
+
+def sounds():
+    """4 chunks of 200 samples; 1 s of stereo at 22.05 kHz, 80 chunks at 16 kHz, cut to a row's 64."""
+    return [wav_bytes(tone(0.05, 16000), 16000), wav_bytes(tone(1.0, 22050, channels=2), 22050)]
+
+
+@pytest.fixture(scope="module")
+def media_checkpoint(cpu, tmp_path_factory):
+    """A tiny model trained a few steps on text, images and sound, saved weights-only with its queries and
+    keys scaled 4-fold. At this size attention is nearly uniform, so positions would barely move an embedding;
+    sharpened, a wrong rotary angle shows far above the tolerance (`test_media_positions_matter`)."""
+    if "png" not in uform.capabilities() or "wav" not in uform.capabilities():
+        pytest.skip("this build does not decode PNG and WAV")
+    images, audio = pictures(), sounds()
+    contents = ["red panda", images[0], "bamboo", images[1], audio[0], images[2], "night sky", audio[1]]
+    modalities = ["text", "image", "text", "image", "audio", "image", "text", "audio"]
+    batch = dict(modalities=modalities, contents=contents,
+                 relations=dict(attract=uform.Edges(list(range(9)), [1, 0, 3, 2, 5, 4, 7, 6])),
+                 sides=["query", "document", "query", "document", "document", "document", "query", "document"])
+    path = str(tmp_path_factory.mktemp("media") / "media.safetensors")
+    with uform.Trainer.init_ram(cpu, MEDIA_CONFIG) as trainer:
+        for _ in range(4):
+            trainer.step(batch)
+        trainer.save(path, weights_only=True)
+    with safe_open(path, framework="np") as file:
+        metadata = dict(file.metadata())
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    for block in range(2):
+        tensors[f"blocks.{block}.qkv"][:256] *= 4  # hidden 128: the queries' rows, then the keys'
+    save_file(tensors, path, metadata=metadata)
+    return path
+
+
+def media_items():
+    images, audio = pictures(), sounds()
+    contents = [images[0], "red panda", audio[0], images[1], images[2], "a star", audio[1], images[3]]
+    return contents, ["image", "text", "audio", "image", "image", "text", "audio", "image"]
+
+
+def library_items(cpu, path, contents, modalities, sides=None):
+    with uform.Encoder.load(path, cpu) as encoder:
+        embeddings = np.array(encoder.embed(modalities, contents))
+        vectors = encoder.embed_tokens(modalities, contents, sides=sides)
+    return embeddings, vectors
+
+
+def test_image_and_audio_embeddings_match_the_encoder(cpu, media_checkpoint):
+    contents, modalities = media_items()
+    expected, _ = library_items(cpu, media_checkpoint, contents, modalities)
+    module = uform_torch.load(media_checkpoint)
+    with torch.no_grad():
+        embeddings = module.embed(contents, modalities)
+        together = module.embed(contents, [uform.Modality(kind) for kind in modalities], batch_size=3)
+        prefix = module.embed(contents, modalities, dimensions=64)
+    assert embeddings.shape == (len(contents), 128)
+    assert largest_difference(embeddings, expected) < TOLERANCE
+    assert (embeddings - together).abs().max() < 1e-6  # other batches, other padding, the same answers
+    widths = expected[:, :64] / np.linalg.norm(expected[:, :64], axis=1, keepdims=True)
+    assert largest_difference(prefix, widths) < TOLERANCE
+    # The items do differ: an image is not its neighbour, and a sound is not a text.
+    assert float((embeddings[0] @ embeddings[3]).abs()) < 0.999 and float((embeddings[1] @ embeddings[2])) < 0.999
+
+
+@needs("ffmpeg")
+@needs_format("mp4")
+def test_video_embeddings_match_the_encoder(cpu, media_checkpoint, tmp_path):
+    """Tubelets of 2 frames, 3 x 4 patches a frame: 5 frames make 3 tubelets, the last repeating its frame,
+    and 50 frames 25, of which the 5 that fill a row of 64 tokens are kept; a tall clip has 5 x 2 patches."""
+    short = clip(tmp_path, "mp4", frames=5, size="32x24")
+    long = clip(tmp_path, "mp4", frames=50, size="32x24")
+    tall = clip(tmp_path, "mp4", frames=3, size="16x40")
+    module = uform_torch.load(media_checkpoint)
+    assert [uform.media_tokens("video", video, module.config["batch"])[1] for video in (short, long, tall)] == [
+        (3, 3, 4), (5, 3, 4), (2, 5, 2)]
+    contents, modalities = [short, "a clip", long, tall], ["video", "text", "video", "video"]
+    expected, expected_vectors = library_items(cpu, media_checkpoint, contents, modalities)
+    with torch.no_grad():
+        embeddings = module.embed(contents, modalities, batch_size=2)
+        vectors = module.embed_tokens(contents, modalities, batch_size=3)
+    assert largest_difference(embeddings, expected) < TOLERANCE
+    assert [len(v) for v in vectors] == [36, 6, 60, 20] and largest_difference(vectors, expected_vectors) < TOLERANCE
+    moved = moved_by_text_positions(module, contents, modalities)
+    assert moved[1] == 0 and moved[[0, 2, 3]].min() > 100 * TOLERANCE  # tubelets turn by time, row and column
+
+
+def test_media_token_vectors_match_the_encoder(cpu, media_checkpoint):
+    """An image or a sound is a document of one row per patch or chunk; text beside it may be a query."""
+    contents, modalities = media_items()
+    sides = ["document", "query", "document", "document", "document", "query_and_document", "document", "document"]
+    module = uform_torch.load(media_checkpoint)
+    for given in (None, sides):
+        _, expected = library_items(cpu, media_checkpoint, contents, modalities, sides=given)
+        with torch.no_grad():
+            vectors = module.embed_tokens(contents, modalities, sides=given, batch_size=5)
+        assert [len(v) for v in vectors] == [len(v) for v in expected]
+        assert largest_difference(vectors, expected) < TOLERANCE
+    assert [len(v) for v in vectors] == [6, 12, 4, 6, 52, 12, 64, 64]
+
+
+def moved_by_text_positions(module, contents, modalities):
+    """How far each item's embedding moves when every token turns as a text byte at its index."""
+    tokens, lengths, media = module._pack(module._rows(contents, modalities))
+    as_text = (torch.arange(tokens.shape[1])[:, None] * 32 + torch.arange(32)).expand(len(contents), -1, -1)
+    with torch.no_grad():
+        right = module(tokens, lengths, media)
+        assert torch.equal(right, module.embed(contents, modalities, batch_size=len(contents)))
+        return (right - module(tokens, lengths, media._replace(rotary=as_text))).abs().max(1).values
+
+
+def test_media_positions_matter(media_checkpoint):
+    """The comparisons above check the rotary positions: read at text's positions, an image embeds
+    differently, by far more than the tolerance (a video: `test_video_embeddings_match_the_encoder`)."""
+    contents, modalities = media_items()
+    moved = moved_by_text_positions(uform_torch.load(media_checkpoint), contents, modalities)
+    assert moved[[1, 5]].max() == 0  # texts turn as they did
+    assert moved[[0, 3, 4, 7]].min() > 100 * TOLERANCE  # images turn by row and column, not by index
+    assert moved[[2, 6]].max() == 0  # an audio chunk turns as a text byte at its index
+
+
+def test_media_projections_learn_in_pytorch(media_checkpoint):
+    """Gradients reach each kind's projection through the tokens it adds, so media fine-tune in PyTorch."""
+    contents, modalities = media_items()
+    module = uform_torch.load(media_checkpoint)
+    embeddings = module.embed(contents, modalities)
+    (1 - (embeddings[0] * embeddings[2]).sum()).backward()  # an image toward a sound
+    assert float(module.image.projection.grad.abs().max()) > 0 and float(module.audio.projection.grad.abs().max()) > 0
+    unused = module.video.projection.grad  # no video among the items: its empty product adds nothing
+    assert (unused is None or not unused.any()) and module.image.decoder.grad is None
+
+
+def test_text_read_as_items_embeds_as_text(checkpoints):
+    module = uform_torch.load(checkpoints["late"])
+    with torch.no_grad():
+        assert torch.equal(module.embed(TEXTS, ["text"] * len(TEXTS)), module.embed(TEXTS))
+        assert all(torch.equal(a, b) for a, b in zip(module.embed_tokens(TEXTS, ["text"] * len(TEXTS), SIDES),
+                                                     module.embed_tokens(TEXTS, sides=SIDES)))
+
+
+def test_bad_media_are_refused_by_name(media_checkpoint):
+    module = uform_torch.load(media_checkpoint)
+    image, sound = pictures()[0], sounds()[0]
+    with pytest.raises(uform.InvalidArgument, match=r"items\[1\]: declared an image, but the bytes are audio \(wav\)"):
+        module.embed(["a", sound], ["text", "image"])
+    with pytest.raises(uform.InvalidArgument, match=r"items\[0\]: not an image file"):
+        module.embed([b"GIF89a" + bytes(20)], ["image"])
+    with pytest.raises(uform.InvalidArgument, match=r"items\[0\]: expected the bytes of an encoded image file"):
+        module.embed(["a red panda"], ["image"])
+    with pytest.raises(uform.InvalidArgument, match=r"modalities: 1 entries, expected items = 2"):
+        module.embed([image, "a"], ["image"])
+    with pytest.raises(uform.InvalidArgument, match=r"modalities: expected a list of Modality, got str"):
+        module.embed([image], "image")
+    with pytest.raises(uform.InvalidArgument, match=r"modalities\[1\]: 'picture' is not a Modality"):
+        module.embed([image, image], ["image", "picture"])
+    with pytest.raises(uform.InvalidArgument, match=r"sides\[0\]: only text items are queries"):
+        module.embed_tokens([image, "a"], ["image", "text"], sides=["query", "query"])
+    with pytest.raises(uform.InvalidArgument, match=r"items\[2\]: empty"):
+        module.embed([image, "a", ""], ["image", "text", "text"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,6 +43,8 @@ from .config import (
     TrainerStepConfig,
     VideoShape,
     encode_path,
+    enum_member,
+    normalize,
     normalize_step_config,
     normalize_trainer_config,
     optional_arena,
@@ -61,6 +63,7 @@ __all__ = [
     "__version__",
     "capabilities",
     "checkpoint_note",
+    "media_tokens",
     "Executor",
     "Mesh",
     "Trainer",
@@ -121,6 +124,28 @@ def checkpoint_note(path: Any) -> Optional[str]:
     """
     note = _native.checkpoint_note(encode_path(path, "path"))
     return note.decode("utf-8") if note else None
+
+
+def media_tokens(modality: Any, content: Any, shape: Any = None) -> Tuple[np.ndarray, Tuple[int, int, int]]:
+    """The tokens one image, video or sound decodes to, exactly as a trainer or an encoder whose batch has
+    `shape` (a `BatchShape` or a dict; a checkpoint's own is `config["batch"]` in its metadata) reads them:
+    (float32 array of tokens x width, (frames, rows, columns)).
+
+    An image answers its patches in raster order (grid (1, rows, columns)), a video its tubelets by time,
+    then row, then column, a sound its chunks (grid (chunks, 1, 1)); each token is `width` values laid out
+    as `docs/model.md` ("Media preprocessing") says, fitted to one row of `max_columns_per_row` tokens.
+    This is how a model run outside uform (`uform.torch`, an export) reads media as uform's model does.
+    `content` is the encoded file as bytes; a modality that is not a media kind, or bytes that are not one
+    of its files, raise `InvalidArgument` naming `modality` or `bytes`.
+    """
+    kind = enum_member(Modality, modality, "modality")
+    if isinstance(content, str) or not isinstance(content, (bytes, bytearray, memoryview, np.ndarray)):
+        raise InvalidArgument(f"content: expected the encoded file as bytes, got {type(content).__name__}")
+    data = np.frombuffer(content, np.uint8) if not isinstance(content, np.ndarray) else content
+    if data.dtype != np.uint8 or data.ndim != 1:
+        raise InvalidArgument(f"content: expected a 1-D uint8 array, got {data.dtype} of shape {data.shape}")
+    return _native.media_tokens(_native.C_ENUMS["modality"][kind.value], np.ascontiguousarray(data),
+                                normalize(BatchShape, shape, "shape"))
 
 
 def _note_bytes(note: Any) -> bytes:

@@ -1,16 +1,20 @@
 """A uform checkpoint as a `torch.nn.Module`, for serving, fine-tuning or export with PyTorch's tools.
 
 `load(path)` reads a checkpoint that `Trainer.save` wrote, whole or weights-only, and answers an
-`Encoder` module computing what `uform.Encoder` computes (`docs/model.md`): pooled embeddings,
-late-interaction token vectors and choice probabilities, from the same byte tokens, cut and padded
-as the library reads them. Its parameters bear the checkpoint's tensor names (`state_dict()` keys
-are `text.embedding`, `blocks.0.qkv`, ...), so `save(module, path)` writes a weights-only
-checkpoint that `uform.Encoder.load` reads back.
+`Encoder` module computing what `uform.Encoder` computes (`docs/model.md`): pooled embeddings of
+text, images, video and audio, late-interaction token vectors and choice probabilities, from the
+same tokens, cut and padded as the library reads them. Text is its bytes; an image, a video or a
+sound is decoded by the library itself (`uform.media_tokens`, under the checkpoint's own batch
+shapes) into patches, tubelets or chunks, so this module reads the very values `uform.Encoder` reads.
+Its parameters bear the checkpoint's tensor names (`state_dict()` keys are `text.embedding`,
+`blocks.0.qkv`, ...), so `save(module, path)` writes a weights-only checkpoint that
+`uform.Encoder.load` reads back.
 
 The library packs items into rows and lets each attend only within itself; this module puts each
 item in its own row of a padded (batch, seq) tensor and masks the padding out of attention and
 pooling, so padding never changes a result. Positions restart at zero in each item, as they do in
-the library.
+the library: a text byte's and an audio chunk's are their index, an image patch's its (row, column)
+and a video tubelet's its (time, row, column), each turning its own rotary pairs.
 
 PyTorch is an optional extra (`pip install "uform[torch]"`): `import uform` never imports it.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, List, NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 try:
     import torch
@@ -30,15 +34,19 @@ except ImportError as error:  # the core package works without it; only this mod
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import LateInteractionSide, enum_member
+from . import media_tokens
+from .config import LateInteractionSide, Modality, enum_member
 from .errors import InvalidArgument, InvalidCheckpoint, Unsupported
 
-__all__ = ["Encoder", "Tokenized", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID"]
+__all__ = ["Encoder", "Tokenized", "Media", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID", "MEDIA_ID"]
 
 MASK_ID = 256  #: Shown at masked positions in training.
 CHOICE_ID = 257  #: The position after a text's content whose decoder logits choose.
 QUERY_PAD_ID = 258  #: Pads a late-interaction query up to `max_query_span`.
+MEDIA_ID = 259  #: A media token: an image patch, a video tubelet or an audio chunk, plus its kind's projection.
 HEAD_WIDTH = 64
+PAIRS = HEAD_WIDTH // 2  # rotary pairs in a head
+MEDIA_KINDS = (Modality.IMAGE, Modality.VIDEO, Modality.AUDIO)  # the order of `Media`'s tuples
 VOCABULARY = 260  # bytes, the three ids above and one reserved
 BYTES = 256
 FORMAT = "uform/1"
@@ -54,6 +62,50 @@ class Tokenized(NamedTuple):
     truncated_items: int
 
 
+class Media(NamedTuple):
+    """The media tokens of a padded batch, which the tensor-level verbs read beside `tokens` (where
+    these tokens hold `MEDIA_ID`); `embed` and `embed_tokens` build it from encoded files.
+
+    `values` and `places` hold one tensor per kind, image, video and audio in that order: the tokens'
+    values (count, width) as `uform.media_tokens` answers them, and where each sits, as the index
+    `row * seq + position` into the flattened `tokens`. `rotary` (batch, seq, 32) int64 says which
+    angle each rotary pair of each position turns by, as the index `coordinate * 32 + frequency` into
+    the table of angles `coordinate * 10000^(-2 frequency / 64)`: a text byte at position p turns pair
+    i by p * 32 + i, an image patch pairs 2k and 2k + 1 by its row and its column at frequency 2k, a
+    video tubelet pairs 3k, 3k + 1 and 3k + 2 by its time, row and column at frequency 3k."""
+
+    values: Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    places: Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    rotary: torch.Tensor
+
+
+class _Decoded:
+    """One media item as the library decodes it: its kind's index in `MEDIA_KINDS`, its tokens' values
+    (count, width) and each token's rotary indices (count, 32). Its length is its tokens'."""
+
+    __slots__ = ("kind", "values", "rotary")
+
+    def __init__(self, kind: int, values: torch.Tensor, rotary: torch.Tensor) -> None:
+        self.kind, self.values, self.rotary = kind, values, rotary
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _media_rotary(modality: Modality, count: int, grid: Tuple[int, int, int]) -> torch.Tensor:
+    """(count, 32) rotary indices of an item's tokens, from the grid the library fitted it to (docs/model.md)."""
+    _, rows, columns = grid
+    token, pair = torch.arange(count)[:, None], torch.arange(PAIRS)[None, :]
+    time, within = token // (rows * columns), token % (rows * columns)
+    row, column = within // columns, within % columns
+    if modality == Modality.IMAGE:  # each axis takes every other frequency, so both span the same scales
+        return torch.where(pair % 2 == 0, row, column) * PAIRS + (pair - pair % 2)
+    if modality == Modality.VIDEO:
+        axis = pair % 3
+        return torch.where(axis == 0, time, torch.where(axis == 1, row, column)) * PAIRS + (pair - axis)
+    return token * PAIRS + pair  # an audio chunk turns as a text byte at its index
+
+
 def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
     """x / sqrt(mean(x^2) + 1e-6) * gain, the statistic in float32 whatever the module's dtype."""
     wide = x.float()
@@ -62,10 +114,10 @@ def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
 
 def _rope(x: torch.Tensor, cosines: torch.Tensor, sines: torch.Tensor) -> torch.Tensor:
     """Rotates each head's interleaved pairs (x[2i], x[2i+1]) of x (batch, seq, heads, 64) by the
-    angles whose cosines and sines (seq, 32) the positions pick."""
-    pairs = x.unflatten(-1, (HEAD_WIDTH // 2, 2))
+    angles whose cosines and sines (batch or 1, seq, 32) the positions pick."""
+    pairs = x.unflatten(-1, (PAIRS, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
-    cosines, sines = cosines[None, :, None, :].to(x.dtype), sines[None, :, None, :].to(x.dtype)
+    cosines, sines = cosines[:, :, None, :].to(x.dtype), sines[:, :, None, :].to(x.dtype)
     return torch.stack((even * cosines - odd * sines, even * sines + odd * cosines), dim=-1).flatten(-2)
 
 
@@ -83,7 +135,8 @@ class Block(nn.Module):
         self.down = nn.Parameter(torch.empty(hidden, 4 * hidden))
 
     def forward(self, x: torch.Tensor, keys: torch.Tensor, cosines: torch.Tensor, sines: torch.Tensor) -> torch.Tensor:
-        """x (batch, seq, hidden); keys (batch, 1, 1, seq) says which positions each item attends to."""
+        """x (batch, seq, hidden); keys (batch, 1, 1, seq) says which positions each item attends to;
+        cosines and sines (batch or 1, seq, 32) turn each position's rotary pairs."""
         qkv = F.linear(_rmsnorm(x, self.attention_norm), self.qkv).unflatten(-1, (3, self.heads, HEAD_WIDTH))
         queries, keys_, values = qkv.unbind(2)  # each (batch, seq, heads, 64)
         queries, keys_ = _rope(queries, cosines, sines), _rope(keys_, cosines, sines)
@@ -101,8 +154,8 @@ class _Text(nn.Module):
 
 
 class _Media(nn.Module):
-    """A media kind's input projection and decoder, which every checkpoint holds. This module embeds text only,
-    so they travel through `load` and `save` untouched; media items are embedded by `uform.Encoder`."""
+    """A media kind's input projection, which adds to the `MEDIA_ID` row what a token's values say, and its
+    decoder, which only masked training reads: it travels through `load` and `save` untouched."""
 
     def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
@@ -142,11 +195,12 @@ class Encoder(nn.Module):
     """The encoder of a uform checkpoint: `load(path)` makes one.
 
     Tensor-level verbs take `tokens` (batch, seq) int64 ids and `lengths` (batch,) int64, each item
-    in its own row, padded past its length with any id; `tokenize` builds them from texts. Each item
-    attends only within itself, so padding changes nothing, and `seq` may not exceed the
-    checkpoint's `max_columns_per_row`. Text-level verbs (`embed`, `embed_tokens`, `text_choose`)
-    answer what `uform.Encoder`'s verbs of those names answer. Every verb follows PyTorch's grad
-    mode: wrap inference in `torch.no_grad()` or `torch.inference_mode()`.
+    in its own row, padded past its length with any id, and, where rows hold media tokens, their
+    `Media`; `tokenize` builds them from texts. Each item attends only within itself, so padding
+    changes nothing, and `seq` may not exceed the checkpoint's `max_columns_per_row`. Item-level
+    verbs (`embed`, `embed_tokens`, `text_choose`) answer what `uform.Encoder`'s verbs of those
+    names answer. Every verb follows PyTorch's grad mode: wrap inference in `torch.no_grad()` or
+    `torch.inference_mode()`.
     """
 
     def __init__(self, config: dict, step: int = 0, config_json: Optional[str] = None) -> None:
@@ -183,28 +237,36 @@ class Encoder(nn.Module):
     #  Tensor level: traceable, exportable                                                          #
     # ------------------------------------------------------------------------------------------ #
 
-    def states(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The final-norm states (batch, seq, hidden) every head reads; zero past each length."""
+    def states(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
+        """The final-norm states (batch, seq, hidden) every head reads; zero past each length. `media`
+        carries the batch's media tokens, where `tokens` holds any."""
         seq = tokens.shape[1]
         present = torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]  # (batch, seq)
         x = F.embedding(tokens, self.text.embedding)
-        cosines, sines = self.rope_cosines[:seq], self.rope_sines[:seq]
+        if media is None:
+            cosines, sines = self.rope_cosines[None, :seq], self.rope_sines[None, :seq]
+        else:
+            flat = x.flatten(0, 1)
+            for kind, values, places in zip((self.image, self.video, self.audio), media.values, media.places):
+                flat = flat.index_add(0, places, F.linear(values.to(x.dtype), kind.projection))
+            x = flat.unflatten(0, x.shape[:2])
+            cosines, sines = self.rope_cosines.flatten()[media.rotary], self.rope_sines.flatten()[media.rotary]
         keys = present[:, None, None, :]
         for block in self.blocks:
             x = block(x, keys, cosines, sines)
         return _rmsnorm(x, self.final_norm) * present[..., None].to(x.dtype)
 
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """Pooled embeddings (batch, hidden): the mean of each item's final states, unit-norm."""
-        pooled = self.states(tokens, lengths).sum(1) / lengths[:, None].to(self.final_norm.dtype)
+        pooled = self.states(tokens, lengths, media).sum(1) / lengths[:, None].to(self.final_norm.dtype)
         return F.normalize(pooled, dim=-1)
 
-    def token_vectors(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def token_vectors(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """Late-interaction token vectors (batch, seq, width), each row unit-norm; zero past each length."""
         if self.late_interaction is None:
             raise InvalidArgument("encoder: this checkpoint has no token head; a run trains one with "
                                   "late_interaction.weight > 0")
-        return F.normalize(F.linear(self.states(tokens, lengths), self.late_interaction.token_head), dim=-1)
+        return F.normalize(F.linear(self.states(tokens, lengths, media), self.late_interaction.token_head), dim=-1)
 
     def choice_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The byte decoder's logits (batch, 256) at each item's last position, where
@@ -214,7 +276,7 @@ class Encoder(nn.Module):
         return F.linear(states.gather(1, last).squeeze(1), self.text.decoder)
 
     # ------------------------------------------------------------------------------------------ #
-    #  Text level: what uform.Encoder answers                                                       #
+    #  Item level: what uform.Encoder answers                                                       #
     # ------------------------------------------------------------------------------------------ #
 
     def tokenize(self, texts: Sequence[Any], sides: Optional[Sequence[Any]] = None, choosing: bool = False,
@@ -226,7 +288,61 @@ class Encoder(nn.Module):
         `choosing`, each text is cut one byte shorter and ends with `CHOICE_ID`, at the position of
         its content's length.
         """
-        contents = _contents(texts, "texts")
+        rows, truncated = self._text_rows(_contents(texts, "texts", required=True), sides, choosing)
+        tokens, lengths, _ = self._pack(rows, device)
+        return Tokenized(tokens, lengths, truncated)
+
+    def embed(self, items: Sequence[Any], modalities: Optional[Sequence[Any]] = None, dimensions: Optional[int] = None,
+              batch_size: int = 64) -> torch.Tensor:
+        """Pooled unit-norm embeddings (items, hidden) of items read as plain contents, as
+        `uform.Encoder.embed` answers them; with `dimensions`, the Matryoshka prefix of that width,
+        re-normalized. `modalities` (one `uform.Modality` per item) None reads every item as text (str
+        as UTF-8, or bytes); an image, a video or a sound is its encoded file's bytes, decoded by the
+        library under the checkpoint's batch shapes. Items run `batch_size` at a time, longest first,
+        so each batch pads little."""
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 0 < dimensions <= self.hidden):
+            raise InvalidArgument(f"dimensions: {dimensions!r} is not a width from 1 to hidden = {self.hidden}")
+        rows = self._rows(items, modalities)
+        pooled = self._batched(rows, batch_size, self.forward)
+        if pooled.shape[0] == 0:
+            pooled = torch.zeros((0, self.hidden), dtype=self.final_norm.dtype, device=self.final_norm.device)
+        return pooled if dimensions is None else F.normalize(pooled[:, :dimensions], dim=-1)
+
+    def embed_tokens(self, items: Sequence[Any], modalities: Optional[Sequence[Any]] = None,
+                     sides: Optional[Sequence[Any]] = None, batch_size: int = 64) -> List[torch.Tensor]:
+        """Each item's unit token vectors (rows, width), as `uform.Encoder.embed_tokens` answers them:
+        a query (or an item that is both) answers `max_query_span` rows, a document one per byte up
+        to `max_columns_per_row`, or one per patch, tubelet or chunk of an image, a video or a sound
+        (only text is a query). `modalities` as `embed` reads them; `sides` None reads every item as
+        a document."""
+        if self.late_interaction is None:
+            raise InvalidArgument("encoder: this checkpoint has no token head; a run trains one with "
+                                  "late_interaction.weight > 0")
+        rows = self._rows(items, modalities, sides)
+        vectors = self._batched(rows, batch_size, self.token_vectors)
+        return [vectors[i, :len(row)] for i, row in enumerate(rows)]
+
+    def text_choose(self, texts: Sequence[Any], choices: Sequence[Any], batch_size: int = 64) -> List[torch.Tensor]:
+        """Each text's probabilities over the bytes it may choose (str as UTF-8, or bytes; distinct, at
+        least one), in the order offered, as `uform.Encoder.text_choose` answers them: the byte
+        decoder's softmax at a choice position after the text, over those bytes only."""
+        offered = _contents(choices, "choices")
+        if len(offered) != len(texts):
+            raise InvalidArgument(f"choices: {len(offered)} entries, expected texts = {len(texts)}")
+        for i, entry in enumerate(offered):
+            if not entry:
+                raise InvalidArgument(f"choices[{i}]: empty; every text needs at least one byte to choose from")
+            if len(set(entry)) != len(entry):
+                twice = next(byte for k, byte in enumerate(entry) if byte in entry[:k])
+                raise InvalidArgument(f"choices[{i}]: byte {twice} is offered twice")
+        rows, _ = self._text_rows(_contents(texts, "texts", required=True), None, choosing=True)
+        logits = self._batched(rows, batch_size, self.choice_logits)
+        return [torch.softmax(logits[i, list(entry)].float(), dim=-1).to(logits.dtype)
+                for i, entry in enumerate(offered)]
+
+    def _text_rows(self, contents: List[bytes], sides: Optional[Sequence[Any]], choosing: bool):
+        """Each text's ids as the library reads it (see `tokenize`), and how many were cut."""
         queries = [False] * len(contents)
         if sides is not None:
             if len(sides) != len(contents):
@@ -246,84 +362,103 @@ class Encoder(nn.Module):
             if choosing:
                 ids.append(CHOICE_ID)
             rows.append(ids)
+        return rows, truncated
+
+    def _rows(self, items: Sequence[Any], modalities: Optional[Sequence[Any]],
+              sides: Optional[Sequence[Any]] = None) -> list:
+        """Each item as the model reads it: a text's ids, or a media item's tokens as the library decodes them."""
+        if isinstance(items, (str, bytes)):
+            raise InvalidArgument(f"items: expected a list of str or bytes, got one {type(items).__name__}")
+        if sides is not None and len(sides) != len(items):
+            raise InvalidArgument(f"sides: {len(sides)} entries, expected items = {len(items)}")
+        if modalities is None:
+            return self._text_rows(_contents(items, "items", required=True), sides, False)[0]
+        if isinstance(modalities, (str, bytes)) or not hasattr(modalities, "__len__"):
+            raise InvalidArgument(f"modalities: expected a list of Modality, got {type(modalities).__name__}")
+        if len(modalities) != len(items):
+            raise InvalidArgument(f"modalities: {len(modalities)} entries, expected items = {len(items)}")
+        kinds = [enum_member(Modality, modality, f"modalities[{i}]") for i, modality in enumerate(modalities)]
+        texts = [i for i, kind in enumerate(kinds) if kind == Modality.TEXT]
+        rows: list = [None] * len(items)
+        text_rows, _ = self._text_rows(_contents([items[i] for i in texts], "items", required=True, numbers=texts),
+                                       None if sides is None else [sides[i] for i in texts], False)
+        for i, ids in zip(texts, text_rows):
+            rows[i] = ids
+        for i, kind in enumerate(kinds):
+            if kind != Modality.TEXT:
+                rows[i] = self._decode(items[i], kind, None if sides is None else sides[i], i)
+        return rows
+
+    def _decode(self, content: Any, kind: Modality, side: Any, number: int) -> _Decoded:
+        """A media item's tokens as the library decodes them under the checkpoint's batch shapes, with their
+        positions."""
+        if side is not None and _side_queries(side, f"sides[{number}]"):
+            raise InvalidArgument(f"sides[{number}]: only text items are queries; this media item may be a document")
+        if not isinstance(content, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"items[{number}]: expected the bytes of an encoded {kind.value} file, got "
+                                  f"{type(content).__name__}")
+        try:
+            values, grid = media_tokens(kind, content, self.config.get("batch"))
+        except (InvalidArgument, Unsupported) as error:  # the library names the bytes; the caller knows them by index
+            message = str(error)
+            if message.startswith("bytes"):
+                message = f"items[{number}]" + message[len("bytes"):]
+            raise type(error)(message) from None
+        return _Decoded(MEDIA_KINDS.index(kind), torch.from_numpy(values), _media_rotary(kind, len(values), grid))
+
+    def _pack(self, rows: list, device: Any = None):
+        """Rows (text ids or decoded media) padded into (tokens, lengths, `Media` or None for text alone)."""
         device = self.final_norm.device if device is None else device
-        longest = max((len(ids) for ids in rows), default=0)
-        tokens = torch.zeros((len(rows), longest), dtype=torch.int64)
-        for i, ids in enumerate(rows):
-            tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        lengths = torch.tensor([len(ids) for ids in rows], dtype=torch.int64)
-        return Tokenized(tokens.to(device), lengths.to(device), truncated)
+        lengths = torch.tensor([len(row) for row in rows], dtype=torch.int64)
+        seq = int(lengths.max()) if len(rows) else 0
+        tokens = torch.zeros((len(rows), seq), dtype=torch.int64)
+        decoded = [(i, row) for i, row in enumerate(rows) if isinstance(row, _Decoded)]
+        for i, row in enumerate(rows):
+            tokens[i, :len(row)] = MEDIA_ID if isinstance(row, _Decoded) else torch.tensor(row, dtype=torch.int64)
+        if not decoded:
+            return tokens.to(device), lengths.to(device), None
+        rotary = (torch.arange(seq)[:, None] * PAIRS + torch.arange(PAIRS)).repeat(len(rows), 1, 1)
+        values, places = [], []
+        for kind, module in enumerate((self.image, self.video, self.audio)):
+            mine = [(i, row) for i, row in decoded if row.kind == kind]
+            values.append(torch.cat([row.values for _, row in mine]) if mine
+                          else torch.zeros((0, module.projection.shape[1])))
+            places.append(torch.cat([i * seq + torch.arange(len(row)) for i, row in mine]) if mine
+                          else torch.zeros((0,), dtype=torch.int64))
+            for i, row in mine:
+                rotary[i, :len(row)] = row.rotary
+        media = Media(tuple(v.to(device) for v in values), tuple(p.to(device) for p in places), rotary.to(device))
+        return tokens.to(device), lengths.to(device), media
 
-    def embed(self, texts: Sequence[Any], dimensions: Optional[int] = None, batch_size: int = 64) -> torch.Tensor:
-        """Pooled unit-norm embeddings (items, hidden) of texts read as plain contents, as
-        `uform.Encoder.embed` answers them; with `dimensions`, the Matryoshka prefix of that width,
-        re-normalized. Items run `batch_size` at a time, longest first, so each batch pads little."""
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or not 0 < dimensions <= self.hidden):
-            raise InvalidArgument(f"dimensions: {dimensions!r} is not a width from 1 to hidden = {self.hidden}")
-        tokenized = self.tokenize(texts)
-        pooled = self._batched(tokenized, batch_size, self.forward)
-        if pooled.shape[0] == 0:
-            pooled = torch.zeros((0, self.hidden), dtype=self.final_norm.dtype, device=self.final_norm.device)
-        return pooled if dimensions is None else F.normalize(pooled[:, :dimensions], dim=-1)
-
-    def embed_tokens(self, texts: Sequence[Any], sides: Optional[Sequence[Any]] = None,
-                     batch_size: int = 64) -> List[torch.Tensor]:
-        """Each text's unit token vectors (rows, width), as `uform.Encoder.embed_tokens` answers them:
-        a query (or an item that is both) answers `max_query_span` rows, a document one per byte up
-        to `max_columns_per_row`. `sides` None reads every text as a document."""
-        if self.late_interaction is None:
-            raise InvalidArgument("encoder: this checkpoint has no token head; a run trains one with "
-                                  "late_interaction.weight > 0")
-        tokenized = self.tokenize(texts, sides)
-        vectors = self._batched(tokenized, batch_size, self.token_vectors)
-        return [vectors[i, :int(length)] for i, length in enumerate(tokenized.lengths)]
-
-    def text_choose(self, texts: Sequence[Any], choices: Sequence[Any], batch_size: int = 64) -> List[torch.Tensor]:
-        """Each text's probabilities over the bytes it may choose (str as UTF-8, or bytes; distinct, at
-        least one), in the order offered, as `uform.Encoder.text_choose` answers them: the byte
-        decoder's softmax at a choice position after the text, over those bytes only."""
-        offered = _contents(choices, "choices")
-        if len(offered) != len(texts):
-            raise InvalidArgument(f"choices: {len(offered)} entries, expected texts = {len(texts)}")
-        for i, entry in enumerate(offered):
-            if not entry:
-                raise InvalidArgument(f"choices[{i}]: empty; every text needs at least one byte to choose from")
-            if len(set(entry)) != len(entry):
-                twice = next(byte for k, byte in enumerate(entry) if byte in entry[:k])
-                raise InvalidArgument(f"choices[{i}]: byte {twice} is offered twice")
-        tokenized = self.tokenize(texts, choosing=True)
-        logits = self._batched(tokenized, batch_size, self.choice_logits)
-        return [torch.softmax(logits[i, list(entry)].float(), dim=-1).to(logits.dtype)
-                for i, entry in enumerate(offered)]
-
-    def _batched(self, tokenized: Tokenized, batch_size: int, verb: Any) -> torch.Tensor:
-        """Runs `verb` over `batch_size` items at a time, longest first, and answers its rows in item
+    def _batched(self, rows: list, batch_size: int, verb: Any) -> torch.Tensor:
+        """Runs `verb` over `batch_size` rows at a time, longest first, and answers its rows in item
         order, padded to the longest item where they have a sequence axis."""
         if batch_size < 1:
             raise InvalidArgument(f"batch_size: {batch_size} is not positive")
-        tokens, lengths = tokenized.tokens, tokenized.lengths
+        lengths = torch.tensor([len(row) for row in rows], dtype=torch.int64)
         order = torch.argsort(lengths, descending=True, stable=True)
+        longest = int(lengths.max()) if len(rows) else 0
         parts = []
         for first in range(0, len(order), batch_size):
-            chosen = order[first:first + batch_size]
-            longest = int(lengths[chosen].max())
-            answer = verb(tokens[chosen, :longest], lengths[chosen])
-            if answer.dim() == 3 and answer.shape[1] < tokens.shape[1]:
-                answer = F.pad(answer, (0, 0, 0, tokens.shape[1] - answer.shape[1]))
+            tokens, chosen, media = self._pack([rows[i] for i in order[first:first + batch_size].tolist()])
+            answer = verb(tokens, chosen) if media is None else verb(tokens, chosen, media)
+            if answer.dim() == 3 and answer.shape[1] < longest:
+                answer = F.pad(answer, (0, 0, 0, longest - answer.shape[1]))
             parts.append(answer)
         if not parts:
             return torch.zeros((0,), dtype=self.final_norm.dtype, device=self.final_norm.device)
         joined = torch.cat(parts)
-        return joined[torch.argsort(order)]
+        return joined[torch.argsort(order).to(joined.device)]
 
 
-def _contents(entries: Any, path: str) -> List[bytes]:
-    """Texts as bytes: a str is its UTF-8; each needs at least one byte, as the library asks."""
+def _contents(entries: Any, path: str, required: bool = False,
+              numbers: Optional[Sequence[int]] = None) -> List[bytes]:
+    """Texts as bytes: a str is its UTF-8; with `required`, each needs at least one byte, as the library
+    asks. `numbers` are the entries' indices in messages where they were picked from a longer list."""
     if isinstance(entries, (str, bytes)):
         raise InvalidArgument(f"{path}: expected a list of str or bytes, got one {type(entries).__name__}")
     contents = []
-    for i, entry in enumerate(entries):
+    for i, entry in (enumerate(entries) if numbers is None else zip(numbers, entries)):
         if isinstance(entry, str):
             try:
                 entry = entry.encode("utf-8")
@@ -333,7 +468,7 @@ def _contents(entries: Any, path: str) -> List[bytes]:
             entry = bytes(entry)
         else:
             raise InvalidArgument(f"{path}[{i}]: expected str or bytes, got {type(entry).__name__}")
-        if path == "texts" and not entry:
+        if required and not entry:
             raise InvalidArgument(f"{path}[{i}]: empty; every item needs at least one byte")
         contents.append(entry)
     return contents

@@ -19,7 +19,7 @@ uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* c
     size_t choices = segments * batch->max_choices_per_item, snapshot = (segments + 1) * sizeof(uint64_t);
     size_t late = config->given.late_interaction.weight > 0, edges = late * config->given.contrastive.max_edges_per_device;
     size_t widths[uform_media_kinds_k], widest = 0;
-    uform_media_widths(&config->given, widths);
+    uform_media_widths(&config->given.batch, widths);
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) widest = widths[kind] > widest ? widths[kind] : widest;
     memset(packed, 0, sizeof(*packed));
     /* One block, each array starting on a 64-byte line: the 64-bit offsets first, bytes last. */
@@ -456,11 +456,10 @@ static void uform_place_media(uform_packed_t* packed, uform_config_t const* conf
     }
 }
 
-/* Decodes one media item into its tokens with the decoder of its kind, as the config shapes them. */
-static uform_status_t uform_media_decode(uform_config_t const* config, int kind, uint8_t const* bytes, size_t length,
+/* Decodes one media item into its tokens with the decoder of its kind, as a derived batch shape shapes them. */
+static uform_status_t uform_media_decode(uform_batch_shape_t const* b, int kind, uint8_t const* bytes, size_t length,
                                          size_t room, float* out, uform_media_grid_t* grid, char const* field,
                                          char const** error) {
-    uform_batch_shape_t const* b = &config->given.batch;
     if (kind == uform_media_image_k)
         return uform_image_patches(bytes, length, b->image.patch_side, b->image.channels, room, out, grid, field, error);
     if (kind == uform_media_video_k)
@@ -471,6 +470,40 @@ static uform_status_t uform_media_decode(uform_config_t const* config, int kind,
 
 static size_t uform_grid_tokens(uform_media_grid_t const* grid) {
     return (size_t)grid->frames * grid->rows * grid->columns;
+}
+
+uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modality_t modality, void const* bytes,
+                                  size_t length, float* tokens, size_t capacity, uint32_t* grid, size_t* count,
+                                  size_t* width, char const** error) {
+    if (!shape) return UFORM_INVALID("shape: NULL");
+    if (!count) return UFORM_INVALID("count: NULL output pointer");
+    if (!bytes && length) return UFORM_INVALID("bytes: NULL with a length of %zu", length);
+    int kind = uform_media_kind(modality);
+    if (kind < 0)
+        return UFORM_INVALID("modality: %d is not image (2), video (3) or audio (4); text has no media tokens",
+                             (int)modality);
+    uform_batch_shape_t derived = *shape;
+    uform_status_t status = uform_batch_shape_derive(&derived, "shape", error);
+    if (status != uform_status_success_k) return status;
+    /* The decoder fits the item to a whole row, as a step does, whatever room the caller gave: a smaller room
+       would shrink an image rather than refuse it. Only a caller with room for a row is written to directly. */
+    size_t room = derived.max_columns_per_row, widths[uform_media_kinds_k];
+    uform_media_widths(&derived, widths);
+    float* out = tokens && capacity >= room ? tokens : malloc(room * widths[kind] * sizeof(float));
+    if (!out) return uform_fail(error, uform_status_out_of_memory_k, "no memory to decode %zu tokens", room);
+    uform_media_grid_t fitted;
+    status = uform_media_decode(&derived, kind, (uint8_t const*)bytes, length, room, out, &fitted, "bytes", error);
+    if (status == uform_status_success_k) {
+        *count = uform_grid_tokens(&fitted);
+        if (grid) grid[0] = fitted.frames, grid[1] = fitted.rows, grid[2] = fitted.columns;
+        if (width) *width = widths[kind];
+        if (tokens && capacity < *count)
+            status = UFORM_INVALID("capacity: %zu tokens, but the item decodes to %zu", capacity, *count);
+        else if (tokens && out != tokens)
+            memcpy(tokens, out, *count * widths[kind] * sizeof(float));
+    }
+    if (out != tokens) free(out);
+    return status;
 }
 
 void uform_decoded_release(uform_decoded_s* decoded) {
@@ -488,8 +521,9 @@ void uform_decoded_release(uform_decoded_s* decoded) {
 uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
                                   uform_tape_t const* contents, uint64_t const* offsets, size_t first,
                                   uform_decoded_s** made, char const** error) {
-    size_t room = config->given.batch.max_columns_per_row, widths[uform_media_kinds_k];
-    uform_media_widths(&config->given, widths);
+    uform_batch_shape_t const* shape = &config->given.batch;
+    size_t room = shape->max_columns_per_row, widths[uform_media_kinds_k];
+    uform_media_widths(shape, widths);
     int media = 0;
     for (size_t i = 0; i != count; ++i) media |= uform_media_kind(modalities[i]) >= 0;
     *made = NULL;
@@ -516,7 +550,7 @@ uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uf
         statuses[i] = uform_status_success_k;
         if (kind < 0) continue;
         float* values = malloc(room * widths[kind] * sizeof(float));
-        uform_status_t status = values ? uform_media_decode(config, kind, bytes + offsets[i], offsets[i + 1] - offsets[i],
+        uform_status_t status = values ? uform_media_decode(shape, kind, bytes + offsets[i], offsets[i + 1] - offsets[i],
                                                             room, values, &decoded->grids[i], "media", NULL)
                                        : uform_status_out_of_memory_k;
         if (status == uform_status_success_k) {
@@ -535,7 +569,7 @@ uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uf
         char field[64];
         snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
         uform_media_grid_t grid;
-        status = uform_media_decode(config, uform_media_kind(decoded->modalities[i]), bytes + offsets[i],
+        status = uform_media_decode(shape, uform_media_kind(decoded->modalities[i]), bytes + offsets[i],
                                     offsets[i + 1] - offsets[i], room, decoded->values[i], &grid, field, error);
         if (status == uform_status_success_k) /* failed on its first try only: say so rather than pass it */
             status = uform_fail(error, uform_status_invalid_argument_k,

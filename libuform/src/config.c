@@ -33,6 +33,51 @@ static uform_status_t uform_derive_weight(float* value, float derived, char cons
         if (status_ != uform_status_success_k) return status_;                                                        \
     } while (0)
 
+/* The batch shape's defaults and limits, written once for a trainer's config and for `uform_media_tokens`, whose
+   messages name its fields from `path` ("config.batch", "shape"). */
+uform_status_t uform_batch_shape_derive(uform_batch_shape_t* batch, char const* path, char const** error) {
+    if (!batch->max_rows_per_device) batch->max_rows_per_device = 64;
+    if (!batch->max_columns_per_row) batch->max_columns_per_row = 512;
+    if (!batch->max_segments_per_device) batch->max_segments_per_device = 8 * batch->max_rows_per_device;
+    if (!batch->max_bags_per_device) batch->max_bags_per_device = batch->max_segments_per_device;
+    if (batch->max_columns_per_row > uform_longest_row_k)
+        return UFORM_INVALID("%s.max_columns_per_row: %u is over %d, the longest row an encoder embeds in "
+                             "one pass", path, batch->max_columns_per_row, uform_longest_row_k);
+    if ((uint64_t)batch->max_rows_per_device * batch->max_columns_per_row > (1u << 24))
+        return UFORM_INVALID("%s: %u rows x %u columns is over 2^24 tokens per device", path,
+                             batch->max_rows_per_device, batch->max_columns_per_row);
+    if (batch->max_segments_per_device > 4096)
+        return UFORM_INVALID("%s.max_segments_per_device: %u is over 4096", path, batch->max_segments_per_device);
+    if (batch->max_choices_per_item > 256)
+        return UFORM_INVALID("%s.max_choices_per_item: %u is over 256 bytes", path, batch->max_choices_per_item);
+    if (!batch->image.patch_side) batch->image.patch_side = 16;
+    if (batch->image.patch_side > 64)
+        return UFORM_INVALID("%s.image.patch_side: %u is over 64 pixels", path, batch->image.patch_side);
+    if (!batch->image.channels) batch->image.channels = 3;
+    if (batch->image.channels != 1 && batch->image.channels != 3 && batch->image.channels != 4)
+        return UFORM_INVALID("%s.image.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", path, batch->image.channels);
+    uform_video_shape_t* video = &batch->video;
+    if (!video->patch_side) video->patch_side = 16;
+    if (!video->tube_frames) video->tube_frames = 2;
+    if (!video->frame_stride) video->frame_stride = 1;
+    if (!video->channels) video->channels = 3;
+    if (video->patch_side > 64)
+        return UFORM_INVALID("%s.video.patch_side: %u is over 64 pixels", path, video->patch_side);
+    if (video->tube_frames > 16) return UFORM_INVALID("%s.video.tube_frames: %u is over 16", path, video->tube_frames);
+    if (video->frame_stride > 64)
+        return UFORM_INVALID("%s.video.frame_stride: %u is over 64", path, video->frame_stride);
+    if (video->channels != 1 && video->channels != 3 && video->channels != 4)
+        return UFORM_INVALID("%s.video.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", path, video->channels);
+    uform_audio_shape_t* audio = &batch->audio;
+    if (!audio->chunk_samples) audio->chunk_samples = 400;
+    if (!audio->sample_rate) audio->sample_rate = 16000;
+    if (audio->chunk_samples > 65536)
+        return UFORM_INVALID("%s.audio.chunk_samples: %u is over 65536", path, audio->chunk_samples);
+    if (audio->sample_rate < 1000 || audio->sample_rate > 192000)
+        return UFORM_INVALID("%s.audio.sample_rate: %u is not in [1000, 192000]", path, audio->sample_rate);
+    return uform_status_success_k;
+}
+
 uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vram_t const* given,
                                    char const** error) {
     if (!given) return UFORM_INVALID("config: NULL");
@@ -47,45 +92,7 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
         return UFORM_INVALID("config.objective: %d is not masked (1), contrastive (2) or joint (3)", (int)c->objective);
 
     uform_batch_shape_t* batch = &c->batch;
-    if (!batch->max_rows_per_device) batch->max_rows_per_device = 64;
-    if (!batch->max_columns_per_row) batch->max_columns_per_row = 512;
-    if (!batch->max_segments_per_device) batch->max_segments_per_device = 8 * batch->max_rows_per_device;
-    if (!batch->max_bags_per_device) batch->max_bags_per_device = batch->max_segments_per_device;
-    if (batch->max_columns_per_row > uform_longest_row_k)
-        return UFORM_INVALID("config.batch.max_columns_per_row: %u is over %d, the longest row an encoder embeds in "
-                             "one pass", batch->max_columns_per_row, uform_longest_row_k);
-    if ((uint64_t)batch->max_rows_per_device * batch->max_columns_per_row > (1u << 24))
-        return UFORM_INVALID("config.batch: %u rows x %u columns is over 2^24 tokens per device",
-                             batch->max_rows_per_device, batch->max_columns_per_row);
-    if (batch->max_segments_per_device > 4096)
-        return UFORM_INVALID("config.batch.max_segments_per_device: %u is over 4096", batch->max_segments_per_device);
-    if (batch->max_choices_per_item > 256)
-        return UFORM_INVALID("config.batch.max_choices_per_item: %u is over 256 bytes", batch->max_choices_per_item);
-    if (!batch->image.patch_side) batch->image.patch_side = 16;
-    if (batch->image.patch_side > 64)
-        return UFORM_INVALID("config.batch.image.patch_side: %u is over 64 pixels", batch->image.patch_side);
-    if (!batch->image.channels) batch->image.channels = 3;
-    if (batch->image.channels != 1 && batch->image.channels != 3 && batch->image.channels != 4)
-        return UFORM_INVALID("config.batch.image.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)",
-                             batch->image.channels);
-    uform_video_shape_t* video = &batch->video;
-    if (!video->patch_side) video->patch_side = 16;
-    if (!video->tube_frames) video->tube_frames = 2;
-    if (!video->frame_stride) video->frame_stride = 1;
-    if (!video->channels) video->channels = 3;
-    if (video->patch_side > 64) return UFORM_INVALID("config.batch.video.patch_side: %u is over 64 pixels", video->patch_side);
-    if (video->tube_frames > 16) return UFORM_INVALID("config.batch.video.tube_frames: %u is over 16", video->tube_frames);
-    if (video->frame_stride > 64)
-        return UFORM_INVALID("config.batch.video.frame_stride: %u is over 64", video->frame_stride);
-    if (video->channels != 1 && video->channels != 3 && video->channels != 4)
-        return UFORM_INVALID("config.batch.video.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", video->channels);
-    uform_audio_shape_t* audio = &batch->audio;
-    if (!audio->chunk_samples) audio->chunk_samples = 400;
-    if (!audio->sample_rate) audio->sample_rate = 16000;
-    if (audio->chunk_samples > 65536)
-        return UFORM_INVALID("config.batch.audio.chunk_samples: %u is over 65536", audio->chunk_samples);
-    if (audio->sample_rate < 1000 || audio->sample_rate > 192000)
-        return UFORM_INVALID("config.batch.audio.sample_rate: %u is not in [1000, 192000]", audio->sample_rate);
+    UFORM_TRY(uform_batch_shape_derive(batch, "config.batch", error));
 
     uform_masking_t* masking = &c->masking;
     UFORM_TRY(uform_derive_fraction(&masking->token_mask_probability, 0.15f, "config.masking.token_mask_probability",

@@ -95,6 +95,8 @@ enum { uform_longest_row_k = 16384 };
 
 uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vram_t const* given,
                                    char const** error);
+/** Derives and checks a batch shape alone, as `uform_config_derive` does, naming its fields from `path`. */
+uform_status_t uform_batch_shape_derive(uform_batch_shape_t* batch, char const* path, char const** error);
 /** Writes the config as JSON into `out` (NUL-terminated), for the checkpoint's metadata. */
 size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capacity);
 /** The learning rate the update to step `step` (counted from 1) uses. */

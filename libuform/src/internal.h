@@ -136,8 +136,8 @@ typedef struct uform_layout_t {
     size_t total;                 /* floats in each flat buffer */
 } uform_layout_t;
 
-/** Floats in one token of each media kind, from a validated config's batch shapes. */
-void uform_media_widths(uform_trainer_init_vram_t const* config, size_t widths[uform_media_kinds_k]);
+/** Floats in one token of each media kind, from a validated batch shape. */
+void uform_media_widths(uform_batch_shape_t const* batch, size_t widths[uform_media_kinds_k]);
 
 /** The layout of a validated config's model; the token head's tensors only where it trains late interaction. */
 uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram_t const* config, char const** error);

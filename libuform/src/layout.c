@@ -21,8 +21,7 @@ static size_t uform_layout_push(uform_layout_t* layout, char const* name, size_t
     return layout->count++;
 }
 
-void uform_media_widths(uform_trainer_init_vram_t const* config, size_t widths[uform_media_kinds_k]) {
-    uform_batch_shape_t const* b = &config->batch;
+void uform_media_widths(uform_batch_shape_t const* b, size_t widths[uform_media_kinds_k]) {
     widths[uform_media_image_k] = (size_t)b->image.patch_side * b->image.patch_side * b->image.channels;
     widths[uform_media_video_k] = (size_t)b->video.tube_frames * b->video.patch_side * b->video.patch_side * b->video.channels;
     widths[uform_media_audio_k] = b->audio.chunk_samples;
@@ -60,7 +59,7 @@ uform_status_t uform_layout_init(uform_layout_t* layout, uform_trainer_init_vram
     }
     layout->final_norm = uform_layout_push(layout, "final_norm", 1, h, 0, 1);
     layout->decoder = uform_layout_push(layout, "text.decoder", uform_bytes_k, h, std, 0);
-    uform_media_widths(config, layout->media_width);
+    uform_media_widths(&config->batch, layout->media_width);
     layout->image = config->batch.image, layout->video = config->batch.video, layout->audio = config->batch.audio;
     char const* kinds[uform_media_kinds_k] = {"image", "video", "audio"};
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
