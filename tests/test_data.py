@@ -422,3 +422,14 @@ def test_a_stream_decoding_ahead_decodes_every_batch_and_drops_a_bad_picture_bef
         bad = [record for step in steps for record in step.bad_records]
         assert bad == [f"{table}:5: 'picture': not a readable PNG image: the file ends early"]
         assert all(np.isfinite(trainer.step(step.batch).stats.loss) for step in steps if step.batch is not None)
+
+
+def test_a_bad_media_record_says_what_its_bytes_are_when_they_are_another_kind(tmp_path):
+    wav = b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(32)
+    tar = write_tar(tmp_path / "mixed.tar", [("k0", dict(jpg=JPEG, txt=b"zero")), ("k1", dict(jpg=wav, txt=b"one")),
+                                             ("k2", dict(jpg=b"<html>", txt=b"two"))])
+    big = dict(CONFIG, batch=dict(max_rows_per_device=64, max_columns_per_row=64))
+    with Stream(dict(paths=[tar], columns=dict(jpg="image", txt="text"), shuffle_buffer=0), big) as stream:
+        bad = next(stream).bad_records
+    assert bad == [f"{tar}:k1: 'jpg': declared image, but {len(wav)} bytes that are no image file (the bytes are audio)",
+                   f"{tar}:k2: 'jpg': declared image, but 6 bytes that are no image file (they begin b'<html>')"]

@@ -269,8 +269,10 @@ def load_media(group: Group) -> Group:
                 raise BadRecord(f"{named}: {error}") from None
             kind = media_kind(value[:16])
             if kind != modality.value:
-                raise BadRecord(f"{named}: {len(value)} bytes that are no {modality.value} file "
-                                f"{'(an empty file)' if not value else f'(they begin {value[:8]!r})'}")
+                what = ("(an empty file)" if not value else f"(the bytes are {kind})" if kind
+                        else f"(they begin {value[:8]!r})")
+                raise BadRecord(f"{named}: declared {modality.value}, but {len(value)} bytes that are no "
+                                f"{modality.value} file {what}")
         items.append((modality, value))
     return dataclasses.replace(group, items=items)
 
