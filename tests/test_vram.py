@@ -355,6 +355,20 @@ def test_a_step_with_images_matches_the_cpu(rng, cpu, gpu):
         close(gpu_gradients, gradients, MODEL)
 
 
+def test_a_batch_decoded_ahead_steps_bit_for_bit_as_the_batch_on_the_gpu(rng, gpu):
+    from test_images import drawing
+
+    images = [drawing(shape, color, rng) for shape, color in (("disk", "red"), ("bar", "blue"))]
+    step = dict(modalities=["text"] * 2 + ["image"] * 2, contents=["a red disk", "a blue bar"] + images,
+                relations=dict(attract=uform.Edges([0, 1, 2, 3, 4], [2, 3, 0, 1])))
+    config = dict(CONFIG, batch=dict(CONFIG["batch"], image=dict(patch_side=8)))
+    with uform.Trainer.init_vram(gpu, config) as ahead, uform.Trainer.init_vram(gpu, config) as plain:
+        deferred = [ahead.deferred().step(step) for _ in range(3)]  # each decoded while the one before runs
+        losses = [answer.wait().stats.loss for answer in deferred]
+        assert losses == [plain.step(step).stats.loss for _ in range(3)]
+        assert np.array_equal(ahead._weights(), plain._weights())
+
+
 def test_the_seeds_reranker_steps_on_the_gpu(gpu):
     """The seed's second example, verbatim."""
     reranker = uform.Trainer.init_vram(gpu, dict(
