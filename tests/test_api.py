@@ -6,8 +6,11 @@ so each one takes milliseconds.
 
 import dataclasses
 import math
+import os
 import pathlib
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -91,6 +94,20 @@ def test_version_and_capabilities():
     assert "ram" in capabilities
     formats = {"jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "mp4", "webm", "mkv"}
     assert capabilities <= {"ram", "vram", "mesh"} | formats
+
+
+@pytest.mark.parametrize("chosen, spin_count", [({}, "0"), (dict(OMP_WAIT_POLICY="active"), "30000000000"),
+                                                  (dict(GOMP_SPINCOUNT="1000"), "1000")])
+def test_openmp_workers_sleep_at_once_unless_the_user_chose(chosen, spin_count, tmp_path):
+    # libgomp reads the policy once, as it loads: a fresh process each, where OMP_DISPLAY_ENV has it say
+    # what it read. The choice is uform's for that load only, so the environment stays the user's.
+    env = {name: value for name, value in os.environ.items() if name not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(chosen, OMP_DISPLAY_ENV="verbose", PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
+    run = subprocess.run([sys.executable, "-c", "import os, uform; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert f"GOMP_SPINCOUNT = '{spin_count}'" in run.stderr
+    assert run.stdout.strip() == chosen.get("OMP_WAIT_POLICY", "None")
 
 
 def test_enums_match_the_c_library():

@@ -17,13 +17,29 @@ that is awaitable and `.wait()`-able. Every native call releases the GIL.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _native
+# libgomp's waiting workers spin for some milliseconds before they sleep. Between a step's many short
+# parallel regions that keeps the cores from other work that wants them (a loader's thread, another
+# process), and slows the step too: on 2 cores beside a loader thread, 893 ms a step against 685 ms
+# passive, which costs a few ms a step on idle cores (bench/RESULTS.md, 2026-12-03). So, unless the user
+# chose a policy or a spin count, workers sleep at once. libgomp reads this once, as it loads, which is
+# here, when `_native` loads libuform; a libgomp.so.1 loaded before (torch loads its own copy, which
+# then serves uform too) keeps what it read. Set for this load only: child processes inherit the
+# user's environment, not uform's choice.
+_wait_chosen = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
+if not _wait_chosen:
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+try:
+    from . import _native
+finally:
+    if not _wait_chosen:
+        del os.environ["OMP_WAIT_POLICY"]
 from .batch import Edges, Tape, TrainerBatch, normalize_batch, normalize_choose, normalize_items, normalize_sides
 from .config import (
     AudioShape,
