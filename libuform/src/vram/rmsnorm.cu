@@ -8,12 +8,14 @@
  *  sums meet in a fixed butterfly of shuffles: the same bits run after run. bfloat16 is read
  *  into float32 and each written value is rounded once.
  *
- *  The backward pass reads x and d_out once: the same kernel writes d_x and keeps, per block of
- *  32 tokens, each column's sum of the gain's terms (four tokens in float, the rest in double, as
- *  the CPU sums in double); a second kernel adds the blocks' partials in a fixed order into
- *  d_gain. No atomics. Rows not in 16-byte vectors, or calls past the plan whose partials would
- *  not fit, take a slower path: d_x as above, then one thread per column over every token in
- *  order, in double.
+ *  The backward pass reads x and d_out once: the same kernel writes d_x and keeps each column's
+ *  sum of the gain's terms. Its blocks (two a multiprocessor) stride over the tokens, each warp
+ *  summing its tokens' terms in float, so a block adds its warps' sums (in double, as the CPU sums)
+ *  once for the whole call rather than once per few tokens; a second kernel adds the blocks'
+ *  partials in a fixed order into d_gain. No atomics, and the tokens each warp takes depend only
+ *  on the token count and the GPU's multiprocessors: the same bits on the same GPU. Rows not in
+ *  16-byte vectors, or calls past the plan whose partials would not fit, take a slower path: d_x
+ *  as above, then one thread per column over every token in order, in double.
  */
 #include "vram.h"
 
@@ -21,9 +23,9 @@ namespace {
 
 constexpr unsigned uform_vram_rmsnorm_threads_k = 256;           /* 8 warps, a token each */
 constexpr unsigned uform_vram_rmsnorm_warps_k = uform_vram_rmsnorm_threads_k / 32;
-constexpr size_t uform_vram_rmsnorm_warp_tokens_k = 4;          /* tokens a warp of the fused backward walks */
-constexpr size_t uform_vram_rmsnorm_block_tokens_k = uform_vram_rmsnorm_warp_tokens_k * uform_vram_rmsnorm_warps_k;
 constexpr size_t uform_vram_rmsnorm_tile_k = 1024;              /* columns of one block of the fused backward */
+constexpr unsigned uform_vram_rmsnorm_blocks_per_sm_k = 2;       /* the fused backward's grid, measured best */
+constexpr size_t uform_vram_rmsnorm_most_blocks_k = 1024;        /* partials planned: 512 multiprocessors' worth */
 
 __device__ __forceinline__ float uform_vram_warp_sum(float value) {
 #pragma unroll
@@ -137,22 +139,23 @@ __global__ void uform_vram_rmsnorm_backward_kernel(uform_bf16_t* __restrict__ d_
 }
 
 /**
- *  The backward pass in one read of x and d_out, for rows in 8-wide vectors. A block takes
- *  `uform_vram_rmsnorm_block_tokens_k` tokens and one tile of up to 1024 columns (blockIdx.y); each
- *  warp walks `uform_vram_rmsnorm_warp_tokens_k` of the tokens. For each token the warp sums the
- *  projection over the whole row, as the kernel above does, then writes its tile of d_x and keeps
- *  each of its lanes' columns' sum of the gain's terms d_out * x * rstd (each term rounded to
- *  float32 as the CPU rounds it; a warp's tokens added in float). The block's warps then add their
- *  sums in warp order, in double, into one partial per block and column: no atomics, the same
- *  bits. `Lanes`, the vectors each lane holds, is ceil(tile columns / 256); a row of one tile
- *  (`Whole`) keeps its loads in registers between the two halves, a wider one reads its tile twice.
+ *  The backward pass in one read of x and d_out, for rows in 8-wide vectors. A block takes one
+ *  tile of up to 1024 columns (blockIdx.y); its warps take tokens warp, warp + every warp of the
+ *  grid, and so on. For each token the warp sums the projection over the whole row, as the kernel
+ *  above does, then writes its tile of d_x and adds to each of its lanes' columns' sum of the
+ *  gain's terms d_out * x * rstd (each term rounded to float32 as the CPU rounds it; a warp's
+ *  tokens added in float). The block's warps then add their sums in warp order, in double, into
+ *  one partial per block and column. `Lanes`, the vectors each lane holds, is ceil(tile columns /
+ *  256); a row of one tile (`Whole`) keeps its loads in registers between the two halves, a wider
+ *  one reads its tile twice. Measured at 32768 tokens of 512 on an H200: 40 us, against 61 us
+ *  when each block took 32 tokens and added its warps' sums for them alone.
  */
 template <int Lanes, bool Whole>
 __global__ __launch_bounds__(uform_vram_rmsnorm_threads_k, Lanes <= 2 ? 3 : 2) void uform_vram_rmsnorm_backward_fused_kernel(
     uform_bf16_t* __restrict__ d_x, double* __restrict__ partials, uform_bf16_t const* __restrict__ d_out,
     uform_bf16_t const* __restrict__ x, float const* __restrict__ gain, float const* __restrict__ rstd, unsigned tokens,
     unsigned hidden) {
-    __shared__ double block_sums[uform_vram_rmsnorm_tile_k];
+    __shared__ float warp_sums[uform_vram_rmsnorm_warps_k][Lanes * 256];
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     unsigned row_vectors = hidden / 8, tile = blockIdx.y * (unsigned)(uform_vram_rmsnorm_tile_k / 8);
     unsigned vectors = min(row_vectors - tile, (unsigned)(uform_vram_rmsnorm_tile_k / 8));
@@ -163,9 +166,8 @@ __global__ __launch_bounds__(uform_vram_rmsnorm_threads_k, Lanes <= 2 ? 3 : 2) v
         for (int k = 0; k != 8; ++k) sums[v][k] = 0, gains[v][k] = 0;
         if (lane + 32 * v < vectors) uform_vram_gain8(gain, tile + lane + 32 * v, gains[v]);
     }
-    unsigned first = blockIdx.x * (unsigned)uform_vram_rmsnorm_block_tokens_k + warp * (unsigned)uform_vram_rmsnorm_warp_tokens_k;
-    unsigned last = min(first + (unsigned)uform_vram_rmsnorm_warp_tokens_k, tokens);
-    for (unsigned token = first; token < last; ++token) {
+    unsigned stride = gridDim.x * uform_vram_rmsnorm_warps_k;
+    for (unsigned token = blockIdx.x * uform_vram_rmsnorm_warps_k + warp; token < tokens; token += stride) {
         uint4 const* row = reinterpret_cast<uint4 const*>(x) + (size_t)token * row_vectors;
         uint4 const* gradient = reinterpret_cast<uint4 const*>(d_out) + (size_t)token * row_vectors;
         uint4* result = reinterpret_cast<uint4*>(d_x) + (size_t)token * row_vectors + tile;
@@ -217,21 +219,19 @@ __global__ __launch_bounds__(uform_vram_rmsnorm_threads_k, Lanes <= 2 ? 3 : 2) v
             result[vector] = uform_vram_pack8(accumulated);
         }
     }
-    for (unsigned turn = 0; turn != uform_vram_rmsnorm_warps_k; ++turn) {
-        if (warp == turn) {
 #pragma unroll
-            for (int v = 0; v != Lanes; ++v) {
-                unsigned vector = lane + 32 * v;
-                if (vector >= vectors) break;
+    for (int v = 0; v != Lanes; ++v) {
+        unsigned vector = lane + 32 * v;
+        if (vector >= vectors) break;
 #pragma unroll
-                for (int k = 0; k != 8; ++k)
-                    block_sums[vector * 8 + k] = turn ? block_sums[vector * 8 + k] + (double)sums[v][k] : (double)sums[v][k];
-            }
-        }
-        __syncthreads();
+        for (int k = 0; k != 8; ++k) warp_sums[warp][vector * 8 + k] = sums[v][k];
     }
-    for (unsigned column = threadIdx.x; column < vectors * 8; column += blockDim.x)
-        partials[(size_t)blockIdx.x * hidden + tile * 8 + column] = block_sums[column];
+    __syncthreads();
+    for (unsigned column = threadIdx.x; column < vectors * 8; column += blockDim.x) {
+        double total = 0;
+        for (unsigned w = 0; w != uform_vram_rmsnorm_warps_k; ++w) total += (double)warp_sums[w][column];
+        partials[(size_t)blockIdx.x * hidden + tile * 8 + column] = total;
+    }
 }
 
 constexpr unsigned uform_vram_rmsnorm_gain_columns_k = 8, uform_vram_rmsnorm_gain_slices_k = 64;
@@ -273,8 +273,15 @@ bool uform_vram_rmsnorm_aligned(void const* pointer) { return (uintptr_t)pointer
 
 } // namespace
 
+/** The fused backward's grid: two blocks a multiprocessor, no more than its tokens fill or its partials fit. */
+static size_t uform_vram_rmsnorm_blocks(size_t tokens, size_t multiprocessors, size_t most) {
+    size_t blocks = (tokens + uform_vram_rmsnorm_warps_k - 1) / uform_vram_rmsnorm_warps_k;
+    size_t grid = (multiprocessors ? multiprocessors : 1) * uform_vram_rmsnorm_blocks_per_sm_k;
+    return blocks < grid ? (blocks < most ? blocks : most) : (grid < most ? grid : most);
+}
+
 size_t uform_vram_rmsnorm_scratch(uform_plan_t const* plan) {
-    size_t blocks = (plan->tokens + uform_vram_rmsnorm_block_tokens_k - 1) / uform_vram_rmsnorm_block_tokens_k;
+    size_t blocks = uform_vram_rmsnorm_blocks(plan->tokens, uform_vram_rmsnorm_most_blocks_k, uform_vram_rmsnorm_most_blocks_k);
     return blocks * plan->hidden * sizeof(double);
 }
 uform_status_t uform_vram_rmsnorm_forward(void* context, void* out, float* rstd, void const* x, float const* gain,
@@ -300,7 +307,8 @@ uform_status_t uform_vram_rmsnorm_backward(void* context, void* d_x, float* d_ga
     if (!tokens || !hidden) return uform_status_success_k;
     uform_vram_context_t* vram = uform_vram(context);
     size_t blocks = (tokens + uform_vram_rmsnorm_warps_k - 1) / uform_vram_rmsnorm_warps_k;
-    size_t fused_blocks = (tokens + uform_vram_rmsnorm_block_tokens_k - 1) / uform_vram_rmsnorm_block_tokens_k;
+    size_t most = vram->scratch_bytes[uform_vram_scratch_rmsnorm_k] / (hidden * sizeof(double));
+    size_t fused_blocks = uform_vram_rmsnorm_blocks(tokens, (size_t)vram->multiprocessors, most);
     if (blocks > 0x7FFFFFFFu)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "rmsnorm backward: %zu tokens of %zu", tokens,
                                hidden);
@@ -308,8 +316,7 @@ uform_status_t uform_vram_rmsnorm_backward(void* context, void* d_x, float* d_ga
     bool vectors = hidden % 8 == 0 && uform_vram_rmsnorm_aligned(d_x) && uform_vram_rmsnorm_aligned(d_out) &&
                    uform_vram_rmsnorm_aligned(x) && uform_vram_rmsnorm_aligned(gain);
     size_t tiles = (hidden + uform_vram_rmsnorm_tile_k - 1) / uform_vram_rmsnorm_tile_k;
-    bool fused = vectors && tokens <= 0xFFFFFFFFu && fused_blocks <= 0x7FFFFFFFu &&
-                 fused_blocks * hidden * sizeof(double) <= vram->scratch_bytes[uform_vram_scratch_rmsnorm_k];
+    bool fused = vectors && tokens <= 0xFFFFFFFFu && fused_blocks != 0;
     if (fused) {
         double* partials = (double*)vram->scratch[uform_vram_scratch_rmsnorm_k];
         size_t widest = hidden < uform_vram_rmsnorm_tile_k ? hidden : uform_vram_rmsnorm_tile_k;
