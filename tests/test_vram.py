@@ -8,6 +8,8 @@ accumulation in another order, and cuDNN's attention. Tolerances are on the rela
 ‖gpu − cpu‖ / ‖cpu‖: 1e-2 for bf16 outputs, 1e-4 for float32 outputs of float32 arithmetic on
 identical inputs, and 5e-2 for whole passes through a model, where rounding compounds.
 """
+import json
+import math
 import time
 
 import numpy as np
@@ -99,7 +101,7 @@ def test_rmsnorm(rng, hidden):
     again, again_gain = testing.rmsnorm_backward(d_x, d_gain, d_out, x, gain, cpu_rstd, backend="vram")
     assert np.array_equal(again, gpu) and np.array_equal(again_gain, gpu_gain)
     unplanned, unplanned_gain = testing.rmsnorm_backward(d_x, d_gain, d_out, x, gain, cpu_rstd, backend="vram",
-                                                         planned=False)  # the partials would not fit: the slow path
+                                                         planned=False)  # past its plan: as many blocks as the partials fit
     close(unplanned, cpu, BF16)
     close(unplanned_gain, cpu_gain, F32)
 
@@ -324,8 +326,32 @@ def test_step_with_choices_matches_the_cpu(rng, cpu, gpu, objective):
         close(gpu_gradients, gradients, MODEL)
 
 
+# MaxSim's gradient jumps where a query token's best document token changes, and bf16 moves those
+# choices: on this step's inputs, rounding only the CPU's own weights to bf16 moves its gradient by a
+# median 0.5 % and up to 6 % (sigmoid form, 30 inputs); the GPU measured up to 4.5 % over 24 and
+# once 8.6 %. So the byte decoder's weights, which those choices cannot reach, keep the model's
+# tolerance, and the whole gradient, which a wrongly wired term moves by its whole size, gets 0.2.
+CHOSEN = 0.2
+
+
+def tensor_slice(trainer, path, name):
+    """Where tensor `name` lies in the trainer's flat weights: tensors follow the checkpoint's order,
+    each starting on a 16-float boundary (`libuform/src/layout.c`)."""
+    trainer.save(path)
+    with open(path, "rb") as file:
+        header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+    order = sorted((entry["data_offsets"][0], key, math.prod(entry["shape"])) for key, entry in header.items()
+                   if key != "__metadata__" and not key.startswith("adamw."))
+    offset = 0
+    for _, key, size in order:
+        if key == name:
+            return slice(offset, offset + size)
+        offset += -(-size // 16) * 16
+    raise KeyError(name)
+
+
 @pytest.mark.parametrize("form", ["sigmoid", "ranked"])
-def test_step_with_late_interaction_matches_the_cpu(rng, cpu, gpu, form):
+def test_step_with_late_interaction_matches_the_cpu(rng, cpu, gpu, form, tmp_path):
     config = dict(CONFIG, late_interaction=dict(weight=0.7, width=64, max_query_span=24, pair_loss=form))
     step = batch(rng)
     sides = [uform.LateInteractionSide.QUERY if i % 2 == 0 else uform.LateInteractionSide.DOCUMENT for i in range(12)]
@@ -334,10 +360,12 @@ def test_step_with_late_interaction_matches_the_cpu(rng, cpu, gpu, form):
     step.update(sides=sides, relations=dict(step["relations"], repel=uform.Edges(
         offsets=np.concatenate([[0], np.cumsum([len(r) for r in repel])]).tolist(), ids=sum(repel, []))))
     with uform.Trainer.init_ram(cpu, config) as reference, uform.Trainer.init_vram(gpu, config) as trainer:
+        decoder = tensor_slice(reference, tmp_path / "reference.safetensors", "text.decoder")
         (stats, gradients), (gpu_stats, gpu_gradients) = reference._probe(step), trainer._probe(step)
         assert gpu_stats.late_interaction_loss == pytest.approx(stats.late_interaction_loss, rel=MODEL)
         assert gpu_stats.query_rows == stats.query_rows > 0
-        close(gpu_gradients, gradients, MODEL)
+        close(gpu_gradients[decoder], gradients[decoder], MODEL)
+        close(gpu_gradients, gradients, CHOSEN)
 
 
 def test_a_step_with_images_matches_the_cpu(rng, cpu, gpu):
