@@ -379,7 +379,7 @@ def test_a_config_claiming_another_geometry(cpu, good, tmp_path):
             resume=False)
     groups = config_text(checkpoint, json.dumps(dict(checkpoint.config, contrastive=dict(temperature_groups=3))))
     checkpoint.write(path, groups)
-    refused(cpu, path, uform.InvalidCheckpoint, r"has temperature_groups = 3, the config asks for 1", encoder=False)
+    refused(cpu, path, uform.InvalidCheckpoint, r"has contrastive\.temperature_groups = 3, the config asks for 1", encoder=False)
     # What the encoder builds from the file is checked as a trainer's config would be.
     for change, message in ((dict(hidden=200), r"records a config no trainer takes: config\.hidden: 200"),
                             (dict(depth=300), r"records a config no trainer takes: config\.depth: 300"),

@@ -409,59 +409,6 @@ cdef dict _stats(const uform_trainer_stats_t* stats):
     }
 
 
-cdef void _fill_batch_shape(uform_batch_shape_t* shape, dict given):
-    shape.max_rows_per_device = given["max_rows_per_device"]
-    shape.max_segments_per_device = given["max_segments_per_device"]
-    shape.max_columns_per_row = given["max_columns_per_row"]
-    shape.max_bags_per_device = given["max_bags_per_device"]
-    shape.max_choices_per_item = given["max_choices_per_item"]
-    shape.image.patch_side = given["image"]["patch_side"]
-    shape.image.channels = given["image"]["channels"]
-    shape.video.patch_side = given["video"]["patch_side"]
-    shape.video.tube_frames = given["video"]["tube_frames"]
-    shape.video.frame_stride = given["video"]["frame_stride"]
-    shape.video.channels = given["video"]["channels"]
-    shape.audio.chunk_samples = given["audio"]["chunk_samples"]
-    shape.audio.sample_rate = given["audio"]["sample_rate"]
-
-
-cdef void _fill_masking(uform_masking_t* masking, dict given):
-    masking.token_mask_probability = given["token_mask_probability"]
-    masking.token_mean_span = given["token_mean_span"]
-    masking.replace_fraction = given["replace_fraction"]
-    masking.random_fraction = given["random_fraction"]
-    masking.image_mask_ratio = given["image_mask_ratio"]
-    masking.video_mask_ratio = given["video_mask_ratio"]
-    masking.audio_mask_ratio = given["audio_mask_ratio"]
-    masking.text_weight = given["text_weight"]
-    masking.image_weight = given["image_weight"]
-    masking.video_weight = given["video_weight"]
-    masking.audio_weight = given["audio_weight"]
-
-
-cdef void _fill_contrastive(uform_contrastive_t* contrastive, dict given):
-    """Leaves `matryoshka_dimensions` to the caller, who pins the array."""
-    contrastive.temperature_groups = given["temperature_groups"]
-    contrastive.inverse_temperature = given["inverse_temperature"]
-    contrastive.bias = given["bias"]
-    contrastive.negatives = <uform_negatives_t><int>given["negatives"]
-    contrastive.ambient_repulsion_weight = given["ambient_repulsion_weight"]
-    contrastive.max_edges_per_device = given["max_edges_per_device"]
-    contrastive.pair_loss = <uform_pair_loss_form_t><int>given["pair_loss"]
-
-
-cdef void _fill_late_interaction(uform_late_interaction_t* late, dict given):
-    late.weight = given["weight"]
-    late.width = given["width"]
-    late.inverse_temperature = given["inverse_temperature"]
-    late.bias = given["bias"]
-    late.max_query_span = given["max_query_span"]
-    late.max_query_tokens_per_device = given["max_query_tokens_per_device"]
-    late.max_documents_per_device = given["max_documents_per_device"]
-    late.max_document_tokens_per_device = given["max_document_tokens_per_device"]
-    late.pair_loss = <uform_pair_loss_form_t><int>given["pair_loss"]
-
-
 cdef class DecodedHandle(Handle):
     """One `uform_decoded_t`: a batch's media decoded ahead of its step."""
 
@@ -489,27 +436,27 @@ cdef class TrainerHandle(Handle):
         cdef uform_status_t status
         cdef uform_executor_t devices = executor.live()
         cdef uform_mesh_t peers = NULL if mesh is None else mesh.live()
+        # Cython converts each dict of pointer-free fields into its struct by the `.pxd`'s names; the contrastive
+        # struct points at its dimensions, so its scalars are copied one by one.
         memset(&c, 0, sizeof(c))
         if resume is not None:
             c.resume = resume
-        c.depth = config["depth"]
-        c.hidden = config["hidden"]
-        _fill_batch_shape(&c.batch, config["batch"])
-        c.objective = <uform_objective_t><int>config["objective"]
-        _fill_masking(&c.masking, config["masking"])
-        _fill_contrastive(&c.contrastive, config["contrastive"])
-        if config["contrastive"]["matryoshka_dimensions"] is not None:
-            dimensions = config["contrastive"]["matryoshka_dimensions"]
+        c.depth, c.hidden, c.objective, c.seed = config["depth"], config["hidden"], config["objective"], config["seed"]
+        c.batch, c.masking, c.late_interaction = config["batch"], config["masking"], config["late_interaction"]
+        c.choices, c.schedule = config["choices"], config["schedule"]
+        contrastive = config["contrastive"]
+        if contrastive["matryoshka_dimensions"] is not None:
+            dimensions = contrastive["matryoshka_dimensions"]
             if dimensions.shape[0]:
                 c.contrastive.matryoshka_dimensions = &dimensions[0]
                 c.contrastive.matryoshka_dimensions_count = dimensions.shape[0]
-        _fill_late_interaction(&c.late_interaction, config["late_interaction"])
-        c.choices.weight = config["choices"]["weight"]
-        c.schedule.learning_rate = config["schedule"]["learning_rate"]
-        c.schedule.min_learning_rate = config["schedule"]["min_learning_rate"]
-        c.schedule.warmup_steps = config["schedule"]["warmup_steps"]
-        c.schedule.steps = config["schedule"]["steps"]
-        c.seed = config["seed"]
+        c.contrastive.temperature_groups = contrastive["temperature_groups"]
+        c.contrastive.inverse_temperature = contrastive["inverse_temperature"]
+        c.contrastive.bias = contrastive["bias"]
+        c.contrastive.negatives = contrastive["negatives"]
+        c.contrastive.ambient_repulsion_weight = contrastive["ambient_repulsion_weight"]
+        c.contrastive.max_edges_per_device = contrastive["max_edges_per_device"]
+        c.contrastive.pair_loss = contrastive["pair_loss"]
         with nogil:
             if vram:
                 status = uform_trainer_init_vram(devices, &c, peers, &trainer.handle, &message)
@@ -636,8 +583,7 @@ def media_tokens(uint32_t modality, const uint8_t[::1] content, dict shape):
     cdef uform_status_t status
     cdef const uint8_t* bytes_ = &content[0] if content.shape[0] else NULL
     cdef size_t length = content.shape[0]
-    memset(&c, 0, sizeof(c))
-    _fill_batch_shape(&c, shape)
+    c = shape
     with nogil:
         status = uform_media_tokens(&c, <uform_modality_t>modality, bytes_, length, NULL, 0, grid, &count, &width,
                                     &message)

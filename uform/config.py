@@ -7,8 +7,8 @@ missing. An unknown key raises `InvalidArgument` naming its full path, as does a
 type.
 
 `normalize_trainer_config` and `normalize_step_config` turn either form into the plain nested dicts
-of C-ready values (ints, floats, uint32 arrays, encoded paths) that the compiled core copies into
-the C structs field for field.
+of C-ready values (ints, floats, uint32 arrays, encoded paths) that the compiled core converts into
+the C structs by name: the dataclasses' fields are the structs' members (`tests/test_config.py`).
 """
 
 from __future__ import annotations

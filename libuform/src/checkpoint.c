@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config_fields.h"
 #include "core.h"
 
 #define UFORM_FORMAT "uform/1"
@@ -792,92 +793,65 @@ done:
     return status;
 }
 
-/* The geometry a checkpoint's config records; zero where a field is absent. */
-typedef struct uform_geometry_t {
-    uint64_t depth, hidden, temperature_groups;
-    uint64_t max_rows_per_device, max_segments_per_device, max_columns_per_row;
-    uint64_t late_width, late_span; /* a span of 0: the run trained no token head */
-    uint64_t patch_side, channels;  /* image patches; zero derives the defaults */
-    uint64_t video_side, tube_frames, frame_stride, video_channels, chunk_samples, sample_rate;
-} uform_geometry_t;
-
-/* One field of the config the reader wants: an integer, or an object of more such fields. */
-typedef struct uform_config_field_t {
-    char const* name;
-    uint64_t* value;
-    struct uform_config_field_t const* fields;
-    size_t count;
-} uform_config_field_t;
-
-/* Reads the listed fields of one object of the config, checking and skipping the rest; `parent`
-   names the object for messages (NULL at the top). */
-static int uform_config_object(uform_json_t* json, char const* parent, uform_config_field_t const* fields,
-                               size_t count, int depth) {
+/* Reads the rows a checkpoint records (`uform_field_t.checkpoint`) out of one object of its config into `recorded`,
+   checking and skipping every other key. `path` holds the object's name, "batch.image." say, in its first `prefix`
+   bytes, "" at the top. */
+static int uform_config_object(uform_json_t* json, char* path, size_t prefix, uform_trainer_init_vram_t* recorded,
+                               int depth) {
     if (!uform_json_expect(json, '{')) return 0;
     if (uform_json_take(json, '}')) return 1;
-    unsigned seen = 0;
+    unsigned char seen[uform_fields_count_k] = {0}; /* by the row of a key, or of an object's first field */
     do {
         char key[40];
-        size_t length, k = count;
+        size_t length, k = uform_fields_count_k;
         if (!uform_json_string(json, key, sizeof(key), &length) || !uform_json_expect(json, ':')) return 0;
-        for (size_t i = 0; i != count && length < sizeof(key); ++i)
-            if (!strcmp(key, fields[i].name)) k = i;
-        if (k == count) {
+        int object = 0; /* a key naming an object of recorded rows rather than one */
+        if (length < sizeof(key) && !memchr(key, '.', length)) {
+            memcpy(path + prefix, key, length + 1);
+            for (size_t i = 0; i != uform_fields_count_k && k == uform_fields_count_k; ++i) {
+                char const* name = uform_fields[i].name;
+                if (uform_fields[i].checkpoint && !strncmp(name, path, prefix + length) &&
+                    (!name[prefix + length] || name[prefix + length] == '.'))
+                    k = i, object = name[prefix + length] == '.';
+            }
+        }
+        if (k == uform_fields_count_k) {
             if (!uform_json_skip(json, depth + 1)) return 0;
             continue;
         }
-        if (seen & (1u << k))
-            return uform_json_fail(json, "config.%s%s%s is given twice", parent ? parent : "", parent ? "." : "", key);
-        seen |= 1u << k;
-        if (fields[k].fields) {
-            if (!uform_config_object(json, fields[k].name, fields[k].fields, fields[k].count, depth + 1)) return 0;
-        } else if (!uform_json_unsigned(json, fields[k].value) || *fields[k].value > UINT32_MAX) {
-            json->problem[0] = 0; /* this message says more than the number reader's */
-            return uform_json_fail(json, "config.%s%s%s is not an integer in [0, 2^32)", parent ? parent : "",
-                                   parent ? "." : "", key);
+        if (seen[k]) return uform_json_fail(json, "config.%s is given twice", path);
+        seen[k] = 1;
+        if (object) {
+            path[prefix + length] = '.';
+            if (!uform_config_object(json, path, prefix + length + 1, recorded, depth + 1)) return 0;
+            continue;
         }
+        uint64_t value;
+        if (!uform_json_unsigned(json, &value) || value > UINT32_MAX) {
+            json->problem[0] = 0; /* this message says more than the number reader's */
+            return uform_json_fail(json, "config.%s is not an integer in [0, 2^32)", path);
+        }
+        *(uint32_t*)((char*)recorded + uform_fields[k].offset) = (uint32_t)value;
     } while (uform_json_take(json, ','));
     return uform_json_expect(json, '}');
 }
 
-/* Reads the geometry out of the config the metadata carries, which is JSON in a JSON string. */
-static uform_status_t uform_geometry_read(uform_header_t const* header, uform_geometry_t* geometry, char const* what,
-                                          char const* path, char const** error) {
-    memset(geometry, 0, sizeof(*geometry));
-    uform_config_field_t const image[] = {{"patch_side", &geometry->patch_side, NULL, 0},
-                                          {"channels", &geometry->channels, NULL, 0}};
-    uform_config_field_t const video[] = {{"patch_side", &geometry->video_side, NULL, 0},
-                                          {"tube_frames", &geometry->tube_frames, NULL, 0},
-                                          {"frame_stride", &geometry->frame_stride, NULL, 0},
-                                          {"channels", &geometry->video_channels, NULL, 0}};
-    uform_config_field_t const audio[] = {{"chunk_samples", &geometry->chunk_samples, NULL, 0},
-                                          {"sample_rate", &geometry->sample_rate, NULL, 0}};
-    uform_config_field_t const batch[] = {{"max_rows_per_device", &geometry->max_rows_per_device, NULL, 0},
-                                          {"max_segments_per_device", &geometry->max_segments_per_device, NULL, 0},
-                                          {"max_columns_per_row", &geometry->max_columns_per_row, NULL, 0},
-                                          {"image", NULL, image, 2},
-                                          {"video", NULL, video, 4},
-                                          {"audio", NULL, audio, 2}};
-    uform_config_field_t const contrastive[] = {{"temperature_groups", &geometry->temperature_groups, NULL, 0}};
-    uform_config_field_t const late[] = {{"width", &geometry->late_width, NULL, 0},
-                                         {"max_query_span", &geometry->late_span, NULL, 0}};
-    uform_config_field_t const top[] = {{"depth", &geometry->depth, NULL, 0},
-                                        {"hidden", &geometry->hidden, NULL, 0},
-                                        {"batch", NULL, batch, 6},
-                                        {"contrastive", NULL, contrastive, 1},
-                                        {"late_interaction", NULL, late, 2}};
+/* Reads the recorded rows of the config the metadata carries, which is JSON in a JSON string; zero where absent. */
+static uform_status_t uform_config_read(uform_header_t const* header, uform_trainer_init_vram_t* recorded,
+                                        char const* what, char const* path, char const** error) {
+    memset(recorded, 0, sizeof(*recorded));
+    char name[64]; /* an object's path ("late_interaction." at longest) and a key of at most 39 bytes */
     uform_json_t json = {header->config, header->config, header->config + strlen(header->config), ""};
-    int ok = uform_config_object(&json, NULL, top, 5, 0);
+    int ok = uform_config_object(&json, name, 0, recorded, 0);
     uform_json_space(&json);
     if (ok && json.at != json.end) ok = uform_json_fail(&json, "bytes after the config's JSON object");
     if (!ok)
         return UFORM_BAD("%s: %s has a malformed __metadata__.config at byte %zu: %s", what, path,
                          (size_t)(json.at - json.begin), json.problem);
-    char const* missing = !geometry->depth               ? "depth"
-                          : !geometry->hidden            ? "hidden"
-                          : !geometry->temperature_groups ? "contrastive.temperature_groups"
-                                                         : NULL;
-    if (missing) return UFORM_BAD("%s: %s lacks config.%s in its metadata", what, path, missing);
+    for (size_t i = 0; i != uform_fields_count_k; ++i)
+        if ((uform_fields[i].checkpoint & uform_field_needed_k) &&
+            !*(uint32_t const*)((char const*)recorded + uform_fields[i].offset))
+            return UFORM_BAD("%s: %s lacks config.%s in its metadata", what, path, uform_fields[i].name);
     return uform_status_success_k;
 }
 
@@ -952,29 +926,17 @@ enum { uform_encoder_tokens_k = uform_longest_row_k };
 uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram_t* config, char const** error) {
     FILE* file;
     uform_header_t header;
-    uform_geometry_t geometry;
     uform_status_t status = uform_checkpoint_open(path, "path", NULL, 0, &file, &header, error);
     if (status != uform_status_success_k) return status;
     fclose(file);
-    status = uform_geometry_read(&header, &geometry, "path", path, error);
     uform_trainer_init_vram_t wanted;
-    memset(&wanted, 0, sizeof(wanted));
-    wanted.depth = (uint32_t)geometry.depth, wanted.hidden = (uint32_t)geometry.hidden;
-    wanted.contrastive.temperature_groups = (uint32_t)geometry.temperature_groups;
-    wanted.batch.max_columns_per_row = (uint32_t)geometry.max_columns_per_row;
-    wanted.batch.max_rows_per_device = (uint32_t)geometry.max_rows_per_device;
-    wanted.batch.max_segments_per_device = (uint32_t)geometry.max_segments_per_device;
+    status = uform_config_read(&header, &wanted, "path", path, error);
     wanted.batch.max_choices_per_item = 256; /* inference may offer any set of bytes */
-    wanted.batch.image.patch_side = (uint32_t)geometry.patch_side, wanted.batch.image.channels = (uint32_t)geometry.channels;
-    wanted.batch.video.patch_side = (uint32_t)geometry.video_side, wanted.batch.video.channels = (uint32_t)geometry.video_channels;
-    wanted.batch.video.tube_frames = (uint32_t)geometry.tube_frames;
-    wanted.batch.video.frame_stride = (uint32_t)geometry.frame_stride;
-    wanted.batch.audio.chunk_samples = (uint32_t)geometry.chunk_samples;
-    wanted.batch.audio.sample_rate = (uint32_t)geometry.sample_rate;
     wanted.objective = uform_objective_contrastive_k, wanted.schedule.steps = 1;
-    if (geometry.late_span) /* the token head's tensors are in the file: the layout has them too */
-        wanted.late_interaction.weight = 1, wanted.late_interaction.width = (uint32_t)geometry.late_width,
-        wanted.late_interaction.max_query_span = (uint32_t)geometry.late_span;
+    if (wanted.late_interaction.max_query_span) /* the token head's tensors are in the file: the layout has them too */
+        wanted.late_interaction.weight = 1;
+    else
+        wanted.late_interaction.width = 0; /* the width of a head the file lacks is no one's to check */
     uform_config_t derived;
     char const* refusal = NULL;
     if (status == uform_status_success_k && uform_config_derive(&derived, &wanted, &refusal) != uform_status_success_k) {
@@ -1009,38 +971,40 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
     char const* what = first ? "resume" : "path"; /* a run's config field, or an encoder's argument */
     FILE* file;
     uform_header_t header;
-    uform_geometry_t geometry;
+    uform_trainer_init_vram_t recorded;
     uform_status_t status = uform_checkpoint_open(path, what, NULL, 0, &file, &header, error);
     if (status != uform_status_success_k) return status;
     if (first && header.weights_only)
         status = UFORM_BAD("resume: %s is a weights-only checkpoint: it holds no optimizer moments, so no run resumes "
                            "from it; load it for inference with uform_encoder_load (Encoder.load in Python)",
                            path);
-    if (status == uform_status_success_k) status = uform_geometry_read(&header, &geometry, what, path, error);
+    if (status == uform_status_success_k) status = uform_config_read(&header, &recorded, what, path, error);
     uint64_t head = layout->token_head == SIZE_MAX ? 0 : layout->tensors[layout->token_head].rows;
-    /* How media are cut, as the checkpoint's config says (absent: the defaults): each projection's columns mean
-       one layout of values, which two shapes of as many values would scramble. The stride and sample rate only
-       choose which frames and samples are read, so a resumed run may change them. */
-    struct { char const* key; uint64_t found, expected; } fields[] = {
-        {"depth", geometry.depth, layout->depth},
-        {"hidden", geometry.hidden, layout->hidden},
-        {"temperature_groups", geometry.temperature_groups, layout->temperature_groups},
-        {"late_interaction.width", geometry.late_span ? geometry.late_width : 0, head},
-        {"batch.image.patch_side", geometry.patch_side ? geometry.patch_side : 16, layout->image.patch_side},
-        {"batch.image.channels", geometry.channels ? geometry.channels : 3, layout->image.channels},
-        {"batch.video.patch_side", geometry.video_side ? geometry.video_side : 16, layout->video.patch_side},
-        {"batch.video.tube_frames", geometry.tube_frames ? geometry.tube_frames : 2, layout->video.tube_frames},
-        {"batch.video.channels", geometry.video_channels ? geometry.video_channels : 3, layout->video.channels},
-        {"batch.audio.chunk_samples", geometry.chunk_samples ? geometry.chunk_samples : 400,
-         layout->audio.chunk_samples}};
-    if (status == uform_status_success_k && !geometry.late_span != !head)
+    uform_late_interaction_t const* late = &recorded.late_interaction;
+    if (status == uform_status_success_k && !late->max_query_span != !head)
         status = UFORM_BAD("%s: the checkpoint %s %s late-interaction token head, the config %s (late_interaction.weight "
                            "%s)", what, path, head ? "has no" : "has a", head ? "trains one" : "trains none",
                            head ? "> 0" : "= 0");
-    for (size_t i = 0; i != sizeof(fields) / sizeof(fields[0]) && status == uform_status_success_k; ++i)
-        if (fields[i].found != fields[i].expected)
-            status = UFORM_BAD("%s: the checkpoint %s has %s = %llu, the config asks for %llu", what, path, fields[i].key,
-                               (unsigned long long)fields[i].found, (unsigned long long)fields[i].expected);
+    if (status == uform_status_success_k && head && late->width != head)
+        status = UFORM_BAD("%s: the checkpoint %s has late_interaction.width = %u, the config asks for %llu", what, path,
+                           late->width, (unsigned long long)head);
+    /* The fixed rows, as the layout holds them: each projection's columns mean one layout of values, which two
+       shapes of as many values would scramble. The stride and sample rate only choose which frames and samples are
+       read, so a resumed run may change them. */
+    uform_trainer_init_vram_t run;
+    memset(&run, 0, sizeof(run));
+    run.depth = layout->depth, run.hidden = layout->hidden, run.contrastive.temperature_groups = layout->temperature_groups;
+    run.batch.image = layout->image, run.batch.video = layout->video, run.batch.audio = layout->audio;
+    for (size_t i = 0; i != uform_fields_count_k && status == uform_status_success_k; ++i) {
+        uform_field_t const* field = &uform_fields[i];
+        if (!(field->checkpoint & uform_field_fixed_k)) continue;
+        uint32_t found = *(uint32_t const*)((char const*)&recorded + field->offset);
+        uint32_t expected = *(uint32_t const*)((char const*)&run + field->offset);
+        if (!found) found = (uint32_t)field->derived; /* absent: as a config's zero derives */
+        if (found != expected)
+            status = UFORM_BAD("%s: the checkpoint %s has %s = %u, the config asks for %u", what, path, field->name,
+                               found, expected);
+    }
     if (status == uform_status_success_k) status = uform_tensors_match(&header, layout, what, path, error);
     /* An encoder reads the weights alone: a whole checkpoint's moments had their names, shapes and places checked,
        but their values are the resumed run's to judge. */

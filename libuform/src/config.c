@@ -2,28 +2,70 @@
  *  @file   config.c
  *  @brief  Derives every default a zero asks for and checks every field, naming the one at fault.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "config_fields.h"
 #include "core.h"
 
 #define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
 
-static int uform_finite(float x) { return isfinite(x); }
+#define UFORM_FIELD(member, kind, derived, most, checkpoint)                                                          \
+    {#member, offsetof(uform_trainer_init_vram_t, member), uform_field_##kind##_k, derived, most, checkpoint},
+uform_field_t const uform_fields[uform_fields_count_k] = {UFORM_CONFIG_FIELDS(UFORM_FIELD)};
 
-/* A fraction that zero derives: must lie in [0, 1]. */
-static uform_status_t uform_derive_fraction(float* value, float derived, char const* name, char const** error) {
-    if (!uform_finite(*value) || *value < 0 || *value > 1)
-        return UFORM_INVALID("%s: %g is not in [0, 1]", name, (double)*value);
-    if (*value == 0) *value = derived;
-    return uform_status_success_k;
-}
+/* The code here and in `checkpoint.c` reads each field as its kind's C type, and what a checkpoint reads back as a
+   count: a row of the wrong kind fails to compile. */
+#define UFORM_FIELD_TYPE_count uint32_t
+#define UFORM_FIELD_TYPE_steps uint64_t
+#define UFORM_FIELD_TYPE_real float
+#define UFORM_FIELD_TYPE_fraction float
+#define UFORM_FIELD_TYPE_weight float
+#define UFORM_FIELD_TYPE_choice int /* every enumeration of `uform.h` is an int's size */
+#define UFORM_FIELD_TYPE_dimensions uint32_t const*
+#define UFORM_FIELD_MISTYPED(member, kind, derived, most, checkpoint)                                                 \
+    +(sizeof(((uform_trainer_init_vram_t*)0)->member) != sizeof(UFORM_FIELD_TYPE_##kind) ||                          \
+      ((checkpoint) && uform_field_##kind##_k != uform_field_count_k))
+typedef char uform_fields_typed[0 UFORM_CONFIG_FIELDS(UFORM_FIELD_MISTYPED) ? -1 : 1];
 
-/* A non-negative weight that zero derives. */
-static uform_status_t uform_derive_weight(float* value, float derived, char const* name, char const** error) {
-    if (!uform_finite(*value) || *value < 0)
-        return UFORM_INVALID("%s: %g is not a finite non-negative number", name, (double)*value);
-    if (*value == 0) *value = derived;
+/* Each field of a config inside `[begin, end)` by its row alone, `base` pointing at `begin`: zero takes what it
+   derives, and the value is checked as its kind asks. Messages name `path`, then the row's name past `skip` bytes. */
+static uform_status_t uform_fields_derive(void* base, size_t begin, size_t end, char const* path, size_t skip,
+                                          char const** error) {
+    for (size_t i = 0; i != uform_fields_count_k; ++i) {
+        uform_field_t const* field = &uform_fields[i];
+        if (field->offset < begin || field->offset >= end) continue;
+        void* at = (char*)base + (field->offset - begin);
+        char const* name = field->name + skip;
+        switch (field->kind) {
+        case uform_field_count_k: {
+            uint32_t* value = at;
+            if (field->most && *value > field->most)
+                return UFORM_INVALID("%s.%s: %u is over %u", path, name, *value, field->most);
+            if (!*value) *value = (uint32_t)field->derived;
+            break;
+        }
+        case uform_field_real_k:
+        case uform_field_fraction_k:
+        case uform_field_weight_k: {
+            float* value = at;
+            if (!isfinite(*value) || (field->kind != uform_field_real_k && *value < 0) ||
+                (field->kind == uform_field_fraction_k && *value > 1))
+                return UFORM_INVALID("%s.%s: %g is %s", path, name, (double)*value,
+                                     field->kind == uform_field_fraction_k ? "not in [0, 1]"
+                                     : field->kind == uform_field_weight_k ? "not a finite non-negative number"
+                                                                           : "not finite");
+            if (*value == 0) *value = (float)field->derived;
+            break;
+        }
+        case uform_field_choice_k:
+            if (!*(int*)at) *(int*)at = (int)field->derived;
+            break;
+        case uform_field_steps_k:
+        case uform_field_dimensions_k: break;
+        }
+    }
     return uform_status_success_k;
 }
 
@@ -33,11 +75,8 @@ static uform_status_t uform_derive_weight(float* value, float derived, char cons
         if (status_ != uform_status_success_k) return status_;                                                        \
     } while (0)
 
-/* The batch shape's defaults and limits, written once for a trainer's config and for `uform_media_tokens`, whose
-   messages name its fields from `path` ("config.batch", "shape"). */
-uform_status_t uform_batch_shape_derive(uform_batch_shape_t* batch, char const* path, char const** error) {
-    if (!batch->max_rows_per_device) batch->max_rows_per_device = 64;
-    if (!batch->max_columns_per_row) batch->max_columns_per_row = 512;
+/* What the batch shape's fields ask of each other, once its rows have derived and checked each alone. */
+static uform_status_t uform_batch_shape_check(uform_batch_shape_t* batch, char const* path, char const** error) {
     if (!batch->max_segments_per_device) batch->max_segments_per_device = 8 * batch->max_rows_per_device;
     if (!batch->max_bags_per_device) batch->max_bags_per_device = batch->max_segments_per_device;
     if (batch->max_columns_per_row > uform_longest_row_k)
@@ -48,34 +87,21 @@ uform_status_t uform_batch_shape_derive(uform_batch_shape_t* batch, char const* 
                              batch->max_rows_per_device, batch->max_columns_per_row);
     if (batch->max_segments_per_device > 4096)
         return UFORM_INVALID("%s.max_segments_per_device: %u is over 4096", path, batch->max_segments_per_device);
-    if (batch->max_choices_per_item > 256)
-        return UFORM_INVALID("%s.max_choices_per_item: %u is over 256 bytes", path, batch->max_choices_per_item);
-    if (!batch->image.patch_side) batch->image.patch_side = 16;
-    if (batch->image.patch_side > 64)
-        return UFORM_INVALID("%s.image.patch_side: %u is over 64 pixels", path, batch->image.patch_side);
-    if (!batch->image.channels) batch->image.channels = 3;
     if (batch->image.channels != 1 && batch->image.channels != 3 && batch->image.channels != 4)
         return UFORM_INVALID("%s.image.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", path, batch->image.channels);
-    uform_video_shape_t* video = &batch->video;
-    if (!video->patch_side) video->patch_side = 16;
-    if (!video->tube_frames) video->tube_frames = 2;
-    if (!video->frame_stride) video->frame_stride = 1;
-    if (!video->channels) video->channels = 3;
-    if (video->patch_side > 64)
-        return UFORM_INVALID("%s.video.patch_side: %u is over 64 pixels", path, video->patch_side);
-    if (video->tube_frames > 16) return UFORM_INVALID("%s.video.tube_frames: %u is over 16", path, video->tube_frames);
-    if (video->frame_stride > 64)
-        return UFORM_INVALID("%s.video.frame_stride: %u is over 64", path, video->frame_stride);
-    if (video->channels != 1 && video->channels != 3 && video->channels != 4)
-        return UFORM_INVALID("%s.video.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", path, video->channels);
-    uform_audio_shape_t* audio = &batch->audio;
-    if (!audio->chunk_samples) audio->chunk_samples = 400;
-    if (!audio->sample_rate) audio->sample_rate = 16000;
-    if (audio->chunk_samples > 65536)
-        return UFORM_INVALID("%s.audio.chunk_samples: %u is over 65536", path, audio->chunk_samples);
-    if (audio->sample_rate < 1000 || audio->sample_rate > 192000)
-        return UFORM_INVALID("%s.audio.sample_rate: %u is not in [1000, 192000]", path, audio->sample_rate);
+    if (batch->video.channels != 1 && batch->video.channels != 3 && batch->video.channels != 4)
+        return UFORM_INVALID("%s.video.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", path, batch->video.channels);
+    if (batch->audio.sample_rate < 1000 || batch->audio.sample_rate > 192000)
+        return UFORM_INVALID("%s.audio.sample_rate: %u is not in [1000, 192000]", path, batch->audio.sample_rate);
     return uform_status_success_k;
+}
+
+/* The batch shape's defaults and limits, written once for a trainer's config and for `uform_media_tokens`, whose
+   messages name its fields from `path` ("config.batch", "shape"). */
+uform_status_t uform_batch_shape_derive(uform_batch_shape_t* batch, char const* path, char const** error) {
+    size_t begin = offsetof(uform_trainer_init_vram_t, batch);
+    UFORM_TRY(uform_fields_derive(batch, begin, begin + sizeof(*batch), path, strlen("batch."), error));
+    return uform_batch_shape_check(batch, path, error);
 }
 
 uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vram_t const* given,
@@ -91,27 +117,16 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (c->objective < uform_objective_masked_k || c->objective > uform_objective_joint_k)
         return UFORM_INVALID("config.objective: %d is not masked (1), contrastive (2) or joint (3)", (int)c->objective);
 
+    UFORM_TRY(uform_fields_derive(c, 0, sizeof(*c), "config", 0, error));
     uform_batch_shape_t* batch = &c->batch;
-    UFORM_TRY(uform_batch_shape_derive(batch, "config.batch", error));
+    UFORM_TRY(uform_batch_shape_check(batch, "config.batch", error));
 
     uform_masking_t* masking = &c->masking;
-    UFORM_TRY(uform_derive_fraction(&masking->token_mask_probability, 0.15f, "config.masking.token_mask_probability",
-                                    error));
-    if (!uform_finite(masking->token_mean_span) || (masking->token_mean_span != 0 && masking->token_mean_span < 1))
+    if (masking->token_mean_span < 1)
         return UFORM_INVALID("config.masking.token_mean_span: %g is below 1", (double)masking->token_mean_span);
-    if (masking->token_mean_span == 0) masking->token_mean_span = 3;
-    UFORM_TRY(uform_derive_fraction(&masking->replace_fraction, 0.8f, "config.masking.replace_fraction", error));
-    UFORM_TRY(uform_derive_fraction(&masking->random_fraction, 0.1f, "config.masking.random_fraction", error));
     if (masking->replace_fraction + masking->random_fraction > 1)
         return UFORM_INVALID("config.masking: replace_fraction %g + random_fraction %g is over 1",
                              (double)masking->replace_fraction, (double)masking->random_fraction);
-    UFORM_TRY(uform_derive_fraction(&masking->image_mask_ratio, 0.75f, "config.masking.image_mask_ratio", error));
-    UFORM_TRY(uform_derive_fraction(&masking->video_mask_ratio, 0.9f, "config.masking.video_mask_ratio", error));
-    UFORM_TRY(uform_derive_fraction(&masking->audio_mask_ratio, 0.5f, "config.masking.audio_mask_ratio", error));
-    UFORM_TRY(uform_derive_weight(&masking->text_weight, 1, "config.masking.text_weight", error));
-    UFORM_TRY(uform_derive_weight(&masking->image_weight, 1, "config.masking.image_weight", error));
-    UFORM_TRY(uform_derive_weight(&masking->video_weight, 1, "config.masking.video_weight", error));
-    UFORM_TRY(uform_derive_weight(&masking->audio_weight, 1, "config.masking.audio_weight", error));
 
     uform_contrastive_t* contrastive = &c->contrastive;
     if (contrastive->matryoshka_dimensions_count > UFORM_MAX_MATRYOSHKA_DIMENSIONS)
@@ -132,45 +147,19 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     }
     if (!contrastive->matryoshka_dimensions_count) config->matryoshka[0] = c->hidden, contrastive->matryoshka_dimensions_count = 1;
     contrastive->matryoshka_dimensions = config->matryoshka;
-    if (contrastive->temperature_groups > UFORM_MAX_TEMPERATURE_GROUPS)
-        return UFORM_INVALID("config.contrastive.temperature_groups: %u is over %d", contrastive->temperature_groups,
-                             UFORM_MAX_TEMPERATURE_GROUPS);
-    if (!contrastive->temperature_groups) contrastive->temperature_groups = 1;
-    if (!uform_finite(contrastive->inverse_temperature) || contrastive->inverse_temperature < 0)
-        return UFORM_INVALID("config.contrastive.inverse_temperature: %g is not a positive finite number",
-                             (double)contrastive->inverse_temperature);
-    if (contrastive->inverse_temperature == 0) contrastive->inverse_temperature = 10;
-    if (!uform_finite(contrastive->bias))
-        return UFORM_INVALID("config.contrastive.bias: %g is not finite", (double)contrastive->bias);
-    if (contrastive->bias == 0) contrastive->bias = -10;
     if (contrastive->negatives > uform_negatives_named_k)
         return UFORM_INVALID("config.contrastive.negatives: %d is not ambient (1) or named (2)",
                              (int)contrastive->negatives);
-    if (contrastive->negatives == uform_negatives_derived_k) contrastive->negatives = uform_negatives_ambient_k;
-    UFORM_TRY(uform_derive_weight(&contrastive->ambient_repulsion_weight, 1,
-                                  "config.contrastive.ambient_repulsion_weight", error));
     if (!contrastive->max_edges_per_device) contrastive->max_edges_per_device = 64 * batch->max_segments_per_device;
     if (contrastive->pair_loss > uform_pair_loss_sigmoid_k)
         return UFORM_INVALID("config.contrastive.pair_loss: %d is not a pair-loss form (0 to 3)",
                              (int)contrastive->pair_loss);
-    if (contrastive->pair_loss == uform_pair_loss_derived_k) contrastive->pair_loss = uform_pair_loss_sigmoid_k;
 
     uform_late_interaction_t* late = &c->late_interaction;
-    if (!uform_finite(late->weight) || late->weight < 0)
-        return UFORM_INVALID("config.late_interaction.weight: %g is not a finite non-negative number",
-                             (double)late->weight);
     if (late->width % 8 || late->width > 4096)
         return UFORM_INVALID("config.late_interaction.width: %u is not a multiple of 8 up to 4096", late->width);
-    if (!late->width) late->width = 128;
-    if (!uform_finite(late->inverse_temperature) || late->inverse_temperature < 0)
-        return UFORM_INVALID("config.late_interaction.inverse_temperature: %g is not a finite positive number",
-                             (double)late->inverse_temperature);
-    if (!late->inverse_temperature) late->inverse_temperature = 1;
-    if (!uform_finite(late->bias))
-        return UFORM_INVALID("config.late_interaction.bias: %g is not finite", (double)late->bias);
     if ((unsigned)late->pair_loss > uform_pair_loss_sigmoid_k)
         return UFORM_INVALID("config.late_interaction.pair_loss: %d is not a pair-loss form", (int)late->pair_loss);
-    if (late->pair_loss == uform_pair_loss_derived_k) late->pair_loss = uform_pair_loss_ranked_k;
     /* A query's rows, and its choice position, fit in one row of the batch. */
     uint32_t room = batch->max_columns_per_row - (c->choices.weight > 0 && batch->max_columns_per_row > 1);
     if (late->weight > 0 && !late->max_query_span) late->max_query_span = room < 32 ? room : 32;
@@ -190,19 +179,13 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (!late->max_documents_per_device) late->max_documents_per_device = batch->max_segments_per_device;
     if (!late->max_document_tokens_per_device)
         late->max_document_tokens_per_device = batch->max_rows_per_device * batch->max_columns_per_row;
-    if (!uform_finite(c->choices.weight) || c->choices.weight < 0)
-        return UFORM_INVALID("config.choices.weight: %g is not a finite non-negative number", (double)c->choices.weight);
     if (c->choices.weight > 0 && !batch->max_choices_per_item)
         return UFORM_INVALID("config.choices.weight: %g needs config.batch.max_choices_per_item",
                              (double)c->choices.weight);
 
     uform_schedule_t* schedule = &c->schedule;
     if (!schedule->steps) return UFORM_INVALID("config.schedule.steps: missing; the cosine schedule must span a run");
-    if (!uform_finite(schedule->learning_rate) || schedule->learning_rate < 0 || schedule->learning_rate > 1)
-        return UFORM_INVALID("config.schedule.learning_rate: %g is not in [0, 1]", (double)schedule->learning_rate);
-    if (schedule->learning_rate == 0) schedule->learning_rate = 1e-3f;
-    if (!uform_finite(schedule->min_learning_rate) || schedule->min_learning_rate < 0 ||
-        schedule->min_learning_rate > schedule->learning_rate)
+    if (schedule->min_learning_rate < 0 || schedule->min_learning_rate > schedule->learning_rate)
         return UFORM_INVALID("config.schedule.min_learning_rate: %g is not in [0, learning_rate = %g]",
                              (double)schedule->min_learning_rate, (double)schedule->learning_rate);
     if (schedule->min_learning_rate == 0) schedule->min_learning_rate = schedule->learning_rate / 10;
@@ -222,51 +205,67 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     return uform_status_success_k;
 }
 
+/* JSON written into a caller's buffer as snprintf writes: cut to fit, with `length` counting all of it. */
+typedef struct uform_json_text_t {
+    char* data;
+    size_t capacity, length;
+} uform_json_text_t;
+
+static void uform_json_print(uform_json_text_t* text, char const* format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    int fits = text->length < text->capacity;
+    int length = vsnprintf(fits ? text->data + text->length : NULL, fits ? text->capacity - text->length : 0, format,
+                           arguments);
+    va_end(arguments);
+    if (length > 0) text->length += (size_t)length;
+}
+
 size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capacity) {
-    uform_trainer_init_vram_t const* c = &config->given;
-    char dimensions[256] = "";
-    size_t used = 0;
-    for (size_t i = 0; i != c->contrastive.matryoshka_dimensions_count; ++i)
-        used += snprintf(dimensions + used, sizeof(dimensions) - used, "%s%u", i ? ", " : "", config->matryoshka[i]);
-    return (size_t)snprintf(
-        out, capacity,
-        "{\"depth\": %u, \"hidden\": %u, \"objective\": %d, \"seed\": %llu, "
-        "\"batch\": {\"max_rows_per_device\": %u, \"max_segments_per_device\": %u, \"max_columns_per_row\": %u, "
-        "\"max_bags_per_device\": %u, \"max_choices_per_item\": %u, "
-        "\"image\": {\"patch_side\": %u, \"channels\": %u}, "
-        "\"video\": {\"patch_side\": %u, \"tube_frames\": %u, \"frame_stride\": %u, \"channels\": %u}, "
-        "\"audio\": {\"chunk_samples\": %u, \"sample_rate\": %u}}, "
-        "\"masking\": {\"token_mask_probability\": %.9g, \"token_mean_span\": %.9g, \"replace_fraction\": %.9g, "
-        "\"random_fraction\": %.9g, \"text_weight\": %.9g, \"image_mask_ratio\": %.9g, \"image_weight\": %.9g, "
-        "\"video_mask_ratio\": %.9g, \"video_weight\": %.9g, \"audio_mask_ratio\": %.9g, \"audio_weight\": %.9g}, "
-        "\"contrastive\": {\"matryoshka_dimensions\": [%s], \"temperature_groups\": %u, "
-        "\"inverse_temperature\": %.9g, \"bias\": %.9g, \"negatives\": %d, \"ambient_repulsion_weight\": %.9g, "
-        "\"max_edges_per_device\": %u, \"pair_loss\": %d}, "
-        "\"late_interaction\": {\"weight\": %.9g, \"width\": %u, \"inverse_temperature\": %.9g, \"bias\": %.9g, "
-        "\"max_query_span\": %u, \"max_query_tokens_per_device\": %u, \"max_documents_per_device\": %u, "
-        "\"max_document_tokens_per_device\": %u, \"pair_loss\": %d}, \"choices\": {\"weight\": %.9g}, "
-        "\"schedule\": {\"learning_rate\": %.9g, \"min_learning_rate\": %.9g, \"warmup_steps\": %llu, \"steps\": %llu}, "
-        "\"optimizer\": {\"beta1\": %.9g, \"beta2\": %.9g, \"epsilon\": %.9g, \"weight_decay\": %.9g, "
-        "\"clip_norm\": %.9g}}",
-        c->depth, c->hidden, (int)c->objective, (unsigned long long)c->seed, c->batch.max_rows_per_device,
-        c->batch.max_segments_per_device, c->batch.max_columns_per_row, c->batch.max_bags_per_device,
-        c->batch.max_choices_per_item, c->batch.image.patch_side, c->batch.image.channels, c->batch.video.patch_side,
-        c->batch.video.tube_frames, c->batch.video.frame_stride, c->batch.video.channels, c->batch.audio.chunk_samples,
-        c->batch.audio.sample_rate,
-        (double)c->masking.token_mask_probability, (double)c->masking.token_mean_span,
-        (double)c->masking.replace_fraction, (double)c->masking.random_fraction, (double)c->masking.text_weight,
-        (double)c->masking.image_mask_ratio, (double)c->masking.image_weight, (double)c->masking.video_mask_ratio,
-        (double)c->masking.video_weight, (double)c->masking.audio_mask_ratio, (double)c->masking.audio_weight,
-        dimensions, c->contrastive.temperature_groups, (double)c->contrastive.inverse_temperature,
-        (double)c->contrastive.bias, (int)c->contrastive.negatives, (double)c->contrastive.ambient_repulsion_weight,
-        c->contrastive.max_edges_per_device, (int)c->contrastive.pair_loss, (double)c->late_interaction.weight,
-        c->late_interaction.width, (double)c->late_interaction.inverse_temperature, (double)c->late_interaction.bias,
-        c->late_interaction.max_query_span, c->late_interaction.max_query_tokens_per_device,
-        c->late_interaction.max_documents_per_device, c->late_interaction.max_document_tokens_per_device,
-        (int)c->late_interaction.pair_loss, (double)c->choices.weight, (double)c->schedule.learning_rate,
-        (double)c->schedule.min_learning_rate, (unsigned long long)c->schedule.warmup_steps,
-        (unsigned long long)c->schedule.steps, (double)config->beta1, (double)config->beta2, (double)config->epsilon,
-        (double)config->weight_decay, (double)config->clip_norm);
+    uform_json_text_t text = {out, capacity, 0};
+    char const* scope = ""; /* the objects the previous row sits in: "batch.image." is two */
+    size_t scope_length = 0;
+    int first = 1; /* nothing written yet in the innermost open object */
+    uform_json_print(&text, "{");
+    for (size_t i = 0; i != uform_fields_count_k; ++i) {
+        uform_field_t const* field = &uform_fields[i];
+        char const* dot = strrchr(field->name, '.');
+        size_t length = dot ? (size_t)(dot - field->name) + 1 : 0, shared = 0;
+        for (size_t k = 0; k != length && k != scope_length && field->name[k] == scope[k]; ++k)
+            if (scope[k] == '.') shared = k + 1;
+        for (size_t k = shared; k != scope_length; ++k) /* close the previous row's objects this one is not in */
+            if (scope[k] == '.') uform_json_print(&text, "}"), first = 0;
+        for (size_t k = shared, start = shared; k != length; ++k) /* and open those it is in */
+            if (field->name[k] == '.') {
+                uform_json_print(&text, "%s\"%.*s\": {", first ? "" : ", ", (int)(k - start), field->name + start);
+                start = k + 1, first = 1;
+            }
+        uform_json_print(&text, "%s\"%s\": ", first ? "" : ", ", field->name + length);
+        scope = field->name, scope_length = length, first = 0;
+        void const* at = (char const*)&config->given + field->offset;
+        switch (field->kind) {
+        case uform_field_count_k: uform_json_print(&text, "%u", *(uint32_t const*)at); break;
+        case uform_field_steps_k: uform_json_print(&text, "%llu", (unsigned long long)*(uint64_t const*)at); break;
+        case uform_field_choice_k: uform_json_print(&text, "%d", *(int const*)at); break;
+        case uform_field_real_k:
+        case uform_field_fraction_k:
+        case uform_field_weight_k: uform_json_print(&text, "%.9g", (double)*(float const*)at); break;
+        case uform_field_dimensions_k:
+            uform_json_print(&text, "[");
+            for (size_t k = 0; k != config->given.contrastive.matryoshka_dimensions_count; ++k)
+                uform_json_print(&text, "%s%u", k ? ", " : "", config->matryoshka[k]);
+            uform_json_print(&text, "]");
+            break;
+        }
+    }
+    for (size_t k = 0; k != scope_length; ++k)
+        if (scope[k] == '.') uform_json_print(&text, "}");
+    uform_json_print(&text,
+                     ", \"optimizer\": {\"beta1\": %.9g, \"beta2\": %.9g, \"epsilon\": %.9g, \"weight_decay\": %.9g, "
+                     "\"clip_norm\": %.9g}}",
+                     (double)config->beta1, (double)config->beta2, (double)config->epsilon,
+                     (double)config->weight_decay, (double)config->clip_norm);
+    return text.length;
 }
 
 float uform_schedule_rate(uform_schedule_t const* schedule, uint64_t step) {
