@@ -2,6 +2,7 @@
 
     python bench/gpu.py                      # the three geometries of the performance target
     python bench/gpu.py --geometry 12 512 64 512 --steps 30
+    python bench/gpu.py --geometry 12 512 64 512 --determinism fast   # the runs' last bits may vary
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
 bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
@@ -31,8 +32,9 @@ def flops_per_token(depth, hidden, cols):
     return 6 * parameters + 6 * 2 * depth * cols * hidden
 
 
-def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch):
+def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism):
     batch, config = peer_step(depth, hidden, rows, cols)
+    config = dict(config, determinism=determinism)
     free_before = torch.cuda.mem_get_info()[0]
     with uform.Executor.for_vram() as executor, uform.Trainer.init_vram(executor, config) as trainer:
         host = 0.0
@@ -44,7 +46,7 @@ def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch):
         seconds = (time.perf_counter() - start) / steps
         held = free_before - torch.cuda.mem_get_info()[0]
     tokens_per_s = rows * cols / seconds
-    return dict(peer="uform", depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
+    return dict(peer="uform", determinism=determinism, depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
                 host_share=host / steps / seconds, peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)
 
@@ -62,13 +64,14 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-peer", action="store_true", help="time uform alone")
+    parser.add_argument("--determinism", choices=["bitwise", "fast"], default="bitwise", help="uform's TrainerConfig.determinism")
     args = parser.parse_args()
     peer = load_peer()
     import torch
 
     peak = peer.peak_bf16_tflops()
     for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
-        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch)
+        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism)
         print(json.dumps(ours), flush=True)
         if args.no_peer:
             continue

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Every field of `TrainerConfig`, each given a valid value that no zero derives.
 EVERY_FIELD = dict(
-    depth=1, hidden=128, objective="joint", seed=7,
+    depth=1, hidden=128, objective="joint", seed=7, determinism="fast",
     batch=dict(max_rows_per_device=3, max_segments_per_device=9, max_columns_per_row=60, max_bags_per_device=5,
                max_choices_per_item=12, image=dict(patch_side=8, channels=1),
                video=dict(patch_side=4, tube_frames=3, frame_stride=2, channels=4),

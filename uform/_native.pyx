@@ -32,6 +32,7 @@ C_ENUMS = {
         "joint": uform_objective_joint_k,
     },
     "negatives": {"ambient": uform_negatives_ambient_k, "named": uform_negatives_named_k},
+    "determinism": {"bitwise": uform_determinism_bitwise_k, "fast": uform_determinism_fast_k},
     "scalar": {
         "f32": uform_scalar_f32_k,
         "f16": uform_scalar_f16_k,
@@ -442,6 +443,7 @@ cdef class TrainerHandle(Handle):
         if resume is not None:
             c.resume = resume
         c.depth, c.hidden, c.objective, c.seed = config["depth"], config["hidden"], config["objective"], config["seed"]
+        c.determinism = config["determinism"]
         c.batch, c.masking, c.late_interaction = config["batch"], config["masking"], config["late_interaction"]
         c.choices, c.schedule = config["choices"], config["schedule"]
         contrastive = config["contrastive"]

@@ -36,6 +36,11 @@ cdef extern from "uform.h" nogil:
         uform_objective_contrastive_k
         uform_objective_joint_k
 
+    ctypedef enum uform_determinism_t:
+        uform_determinism_derived_k
+        uform_determinism_bitwise_k
+        uform_determinism_fast_k
+
     ctypedef enum uform_negatives_t:
         uform_negatives_derived_k
         uform_negatives_ambient_k
@@ -160,6 +165,7 @@ cdef extern from "uform.h" nogil:
         uform_choices_t choices
         uform_schedule_t schedule
         uint64_t seed
+        uform_determinism_t determinism
 
     ctypedef struct uform_tape_t:
         const void* data

@@ -55,6 +55,7 @@ typedef struct uform_plan_t {
     int contrastive;              /* whether the contrastive term runs, and needs its scratch */
     size_t pairs, query_span;     /* late interaction: (query, document) pairs per step, a query's rows at most */
     size_t widest;                /* floats in the widest media token */
+    int nondeterministic;         /* may give up run-to-run bit equality for speed: attention's backward */
     uform_layout_t const* layout; /* the parameters AdamW walks; NULL for an encoder's replica, which never updates */
 } uform_plan_t;
 

@@ -147,6 +147,8 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     }
     if (!contrastive->matryoshka_dimensions_count) config->matryoshka[0] = c->hidden, contrastive->matryoshka_dimensions_count = 1;
     contrastive->matryoshka_dimensions = config->matryoshka;
+    if (c->determinism > uform_determinism_fast_k)
+        return UFORM_INVALID("config.determinism: %d is not bitwise (1) or fast (2)", (int)c->determinism);
     if (contrastive->negatives > uform_negatives_named_k)
         return UFORM_INVALID("config.contrastive.negatives: %d is not ambient (1) or named (2)",
                              (int)contrastive->negatives);

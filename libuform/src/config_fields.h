@@ -74,7 +74,8 @@
     X(schedule.learning_rate, fraction, 1e-3f, 0, 0)                                                                  \
     X(schedule.min_learning_rate, real, 0, 0, 0)                                                                      \
     X(schedule.warmup_steps, steps, 0, 0, 0)                                                                          \
-    X(schedule.steps, steps, 0, 0, 0)
+    X(schedule.steps, steps, 0, 0, 0)                                                                                 \
+    X(determinism, choice, uform_determinism_bitwise_k, 0, 0)
 
 /** What a field holds, and the check its kind alone makes. */
 typedef enum uform_field_kind_t {

@@ -123,6 +123,7 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                          .pairs = training && late->weight > 0 ? config->given.contrastive.max_edges_per_device : 0,
                          .query_span = training && late->weight > 0 ? late->max_query_span : 0,
                          .widest = layout->widest,
+                         .nondeterministic = config->given.determinism == uform_determinism_fast_k,
                          .layout = training ? layout : NULL};
     memset(replica, 0, sizeof(*replica));
     replica->backend = backend;

@@ -14,7 +14,8 @@
  *  A graph is built per number of items, on first use, and kept: building one costs from tens of
  *  milliseconds to a second, so a run whose steps carry the same number of items builds one pair.
  *  Its workspace is taken then, the one allocation an operation makes, once. The backward graph
- *  is cuDNN's deterministic algorithm: the same inputs give the same bits.
+ *  is cuDNN's deterministic algorithm (the same inputs give the same bits) unless the plan gives
+ *  that up: the faster one adds the queries' gradients with atomics, in an order that varies.
  */
 #include <cudnn.h>
 
@@ -145,7 +146,7 @@ uform_status_t uform_vram_attention_build(uform_vram_context_t* context, uform_v
                                .set_padding_mask(true)
                                .set_seq_len_q(seq_q)
                                .set_seq_len_kv(seq_kv)
-                               .set_deterministic_algorithm(true);
+                               .set_deterministic_algorithm(!context->plan.nondeterministic);
             auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
             uform_vram_output_layout(d_q, uid_d_q, items, heads, columns, ragged_qkv, 3 * hidden);
             uform_vram_output_layout(d_k, uid_d_k, items, heads, columns, ragged_qkv, 3 * hidden);
