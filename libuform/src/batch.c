@@ -435,7 +435,7 @@ static void uform_place_media(uform_packed_t* packed, uform_config_t const* conf
                               uform_media_runs_t cursor) {
     uform_media_grid_t const* grid = &decoded->grids[item];
     size_t width = packed->widths[kind];
-    uint32_t tokens = grid->frames * grid->rows * grid->columns;
+    size_t tokens = uform_grid_tokens(grid);
     for (uint32_t p = 0; p != tokens; ++p) {
         float const* values = decoded->values[item] + (size_t)p * width;
         int hidden = uform_media_hides(config, hiding, kind, item, p);
@@ -466,10 +466,6 @@ static uform_status_t uform_media_decode(uform_batch_shape_t const* b, int kind,
         return uform_video_tubelets(bytes, length, b->video.patch_side, b->video.tube_frames, b->video.frame_stride,
                                     b->video.channels, room, out, grid, field, error);
     return uform_audio_chunks(bytes, length, b->audio.sample_rate, b->audio.chunk_samples, room, out, grid, field, error);
-}
-
-static size_t uform_grid_tokens(uform_media_grid_t const* grid) {
-    return (size_t)grid->frames * grid->rows * grid->columns;
 }
 
 uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modality_t modality, void const* bytes,

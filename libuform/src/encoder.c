@@ -246,7 +246,7 @@ static uform_status_t uform_encoder_media_rows(uform_encoder_s const* encoder, u
                                                  &decoded, error);
     for (size_t i = 0; decoded && i != count; ++i)
         if (decoded->values[i]) {
-            rows[i] = (uint64_t)decoded->grids[i].frames * decoded->grids[i].rows * decoded->grids[i].columns;
+            rows[i] = uform_grid_tokens(&decoded->grids[i]);
             *truncated += decoded->grids[i].truncated != 0;
         }
     uform_decoded_release(decoded);
