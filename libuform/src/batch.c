@@ -487,6 +487,13 @@ static uform_status_t uform_media_decode(uform_batch_shape_t const* b, int kind,
 uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modality_t modality, void const* bytes,
                                   size_t length, float* tokens, size_t capacity, uint32_t* grid, size_t* count,
                                   size_t* width, char const** error) {
+    return uform_media_tokens_fitted(shape, modality, bytes, length, tokens, capacity, grid, count, width, NULL, error);
+}
+
+uform_status_t uform_media_tokens_fitted(uform_batch_shape_t const* shape, uform_modality_t modality,
+                                         void const* bytes, size_t length, float* tokens, size_t capacity,
+                                         uint32_t* grid, size_t* count, size_t* width, int* truncated,
+                                         char const** error) {
     if (!shape) return UFORM_INVALID("shape: NULL");
     if (!count) return UFORM_INVALID("count: NULL output pointer");
     if (!bytes && length) return UFORM_INVALID("bytes: NULL with a length of %zu", length);
@@ -509,6 +516,7 @@ uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modali
         *count = uform_grid_tokens(&fitted);
         if (grid) grid[0] = fitted.frames, grid[1] = fitted.rows, grid[2] = fitted.columns;
         if (width) *width = widths[kind];
+        if (truncated) *truncated = fitted.truncated != 0;
         if (tokens && capacity < *count)
             status = UFORM_INVALID("capacity: %zu tokens, but the item decodes to %zu", capacity, *count);
         else if (tokens && out != tokens)
