@@ -170,6 +170,31 @@ def test_fine_tuned_weights_go_back_to_the_library(cpu, checkpoints, tmp_path):
         assert torch.equal(again.embed(TEXTS), ours)
 
 
+def test_saving_keeps_the_checkpoints_note(cpu, tmp_path):
+    """A checkpoint's note (where a data stream stands, say) survives a trip through PyTorch; `note=` replaces it."""
+    note = '{"cursor": {"epoch": 2, "record": 41}, "source": "données"}'
+    path = str(tmp_path / "noted.safetensors")
+    with uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="masked", schedule=dict(steps=10),
+                                          batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
+        trainer.save(path, note=note)
+        trainer.save(str(tmp_path / "plain.safetensors"))
+    module = uform_torch.load(path)
+    assert module.note == note and uform_torch.load(str(tmp_path / "plain.safetensors")).note is None
+    kept, replaced, dropped = (str(tmp_path / f"{name}.safetensors") for name in ("kept", "replaced", "dropped"))
+    uform_torch.save(module, kept)
+    uform_torch.save(module, replaced, note="fine-tuned on the cursor above")
+    uform_torch.save(module, dropped, note=None)
+    assert uform.checkpoint_note(kept) == note and uform_torch.load(kept).note == note
+    assert uform.checkpoint_note(replaced) == "fine-tuned on the cursor above"
+    assert uform.checkpoint_note(dropped) is None and uform_torch.load(dropped).note is None
+    with uform.Encoder.load(kept, cpu) as encoder:
+        assert encoder.hidden == 128
+    with pytest.raises(uform.InvalidArgument, match="note: a NUL character at 1"):
+        uform_torch.save(module, dropped, note="a\0b")
+    with pytest.raises(uform.InvalidArgument, match="note: expected a str or None, got int"):
+        uform_torch.save(module, dropped, note=5)
+
+
 def test_bfloat16_stays_close(checkpoints):
     with torch.no_grad():
         exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)
