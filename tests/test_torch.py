@@ -8,7 +8,9 @@ models; the tests allow 1e-5. Images, video and audio are decoded by the library
 (`uform.media_tokens`), so there too only the model's arithmetic differs: 2.1e-7 for image and audio
 embeddings, 7.2e-7 for video token vectors.
 """
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -238,6 +240,14 @@ def test_what_this_module_does_not_build_is_refused_by_name(checkpoints, tmp_pat
     with pytest.raises(uform.InvalidCheckpoint, match="not a readable safetensors file"):
         uform_torch.load(__file__)
 
+    def unshaped(metadata):  # a run records every media shape it derived; the module restates none of them
+        config = json.loads(metadata["config"])
+        del config["batch"]["video"]["tube_frames"]
+        metadata["config"] = json.dumps(config)
+
+    with pytest.raises(uform.InvalidCheckpoint, match=r"unshaped.safetensors has config.batch.video.tube_frames = None"):
+        uform_torch.load(rewrite(source, str(tmp_path / "unshaped.safetensors"), None, unshaped))
+
 
 def test_bad_inputs_are_refused_by_name(checkpoints):
     plain = uform_torch.load(checkpoints["plain"])
@@ -391,6 +401,38 @@ def test_video_embeddings_match_the_encoder(cpu, media_checkpoint, tmp_path):
     assert [len(v) for v in vectors] == [36, 6, 60, 20] and largest_difference(vectors, expected_vectors) < TOLERANCE
     moved = moved_by_text_positions(module, contents, modalities)
     assert moved[1] == 0 and moved[[0, 2, 3]].min() > 100 * TOLERANCE  # tubelets turn by time, row and column
+
+
+OTHER_SHAPES = dict(image=dict(patch_side=4, channels=1), video=dict(patch_side=4, tube_frames=3, channels=1),
+                    audio=dict(chunk_samples=160, sample_rate=8000))
+
+
+@needs_format("png", "wav")
+def test_other_media_shapes_embed_as_the_encoder_does(cpu, tmp_path):
+    """Each kind's projection is as wide as the checkpoint's shapes make its tokens: gray patches of 4 x 4,
+    tubelets of 3 gray frames, chunks of 160 samples at 8 kHz embed as `uform.Encoder` embeds them."""
+    config = dict(MEDIA_CONFIG, batch=dict(MEDIA_CONFIG["batch"], **OTHER_SHAPES))
+    contents, modalities = media_items()
+    path = str(tmp_path / "shaped.safetensors")
+    with uform.Trainer.init_ram(cpu, config) as trainer:
+        for _ in range(2):
+            trainer.step(dict(modalities=modalities, contents=contents))
+        trainer.save(path, weights_only=True)
+    module = uform_torch.load(path)
+    widths = [module.image.projection.shape[1], module.video.projection.shape[1], module.audio.projection.shape[1]]
+    assert widths == [4 * 4 * 1, 3 * 4 * 4 * 1, 160]
+    if shutil.which("ffmpeg") and "mp4" in uform.capabilities():  # 3 tubelets of 3 x 4 patches
+        contents, modalities = contents + [clip(tmp_path, "mp4", frames=7, size="16x12")], modalities + ["video"]
+    for kind, width in zip(("image", "video", "audio"), widths):
+        for item in (item for item, modality in zip(contents, modalities) if modality == kind):
+            assert uform.media_tokens(kind, item, module.config["batch"])[0].shape[1] == width
+    expected, expected_vectors = library_items(cpu, path, contents, modalities)
+    with torch.no_grad():
+        embeddings = module.embed(contents, modalities, batch_size=3)
+        vectors = module.embed_tokens(contents, modalities, batch_size=4)
+    assert largest_difference(embeddings, expected) < TOLERANCE
+    assert [len(v) for v in vectors] == [len(v) for v in expected_vectors]
+    assert largest_difference(vectors, expected_vectors) < TOLERANCE
 
 
 def test_media_token_vectors_match_the_encoder(cpu, media_checkpoint):

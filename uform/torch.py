@@ -191,6 +191,17 @@ def _positive(config: dict, keys: Sequence[str], where: str, required: bool = Tr
     return value
 
 
+def _media_widths(config: dict, where: str) -> Tuple[int, int, int]:
+    """Values in an image patch, a video tubelet and an audio chunk under the batch shapes the checkpoint's config
+    records: a run writes each one as it derived it, so the module sizes tokens as the library's decoders do."""
+    def shape(kind: str, key: str) -> int:
+        return _positive(config, ("batch", kind, key), where)
+
+    image = shape("image", "patch_side") ** 2 * shape("image", "channels")
+    video = shape("video", "tube_frames") * shape("video", "patch_side") ** 2 * shape("video", "channels")
+    return image, video, shape("audio", "chunk_samples")
+
+
 class Encoder(nn.Module):
     """The encoder of a uform checkpoint: `load(path)` makes one.
 
@@ -217,12 +228,7 @@ class Encoder(nn.Module):
         self.config, self.step, self.note = config, step, note
         self.config_json = config_json if config_json is not None else json.dumps(config)
         self.text = _Text(self.hidden)
-        shapes = config.get("batch", {})
-        image, video = shapes.get("image", {}), shapes.get("video", {})
-        self.image = _Media(self.hidden, image.get("patch_side", 16) ** 2 * image.get("channels", 3))
-        self.video = _Media(self.hidden, video.get("tube_frames", 2) * video.get("patch_side", 16) ** 2 *
-                            video.get("channels", 3))
-        self.audio = _Media(self.hidden, shapes.get("audio", {}).get("chunk_samples", 400))
+        self.image, self.video, self.audio = (_Media(self.hidden, width) for width in _media_widths(config, where))
         self.blocks = nn.ModuleList(Block(self.hidden) for _ in range(self.depth))
         self.final_norm = nn.Parameter(torch.ones(self.hidden))
         self.contrastive = _Scores(self.temperature_groups)
@@ -509,6 +515,7 @@ def _read_metadata(where: str, metadata: dict):
     if columns > ENCODER_TOKENS:
         raise InvalidCheckpoint(f"{where} records config.batch.max_columns_per_row = {columns}; an encoder packs at "
                                 f"most {ENCODER_TOKENS} tokens a pass")
+    _media_widths(config, where)
     span = _positive(config, ("late_interaction", "max_query_span"), where, required=False)
     if span:
         width = _positive(config, ("late_interaction", "width"), where)
