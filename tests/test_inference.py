@@ -86,7 +86,7 @@ def test_bad_choices_are_refused_by_name(cpu, tmp_path):
         for texts, choices, message in [(["a", "b"], ["yn", ""], r"choices\[1\]: empty"),
                                         (["a"], ["yny"], r"choices\[0\]: byte 121 is offered twice"),
                                         (["a", "b"], ["yn"], r"choices: 1 entries, expected texts = 2"),
-                                        (["a", ""], ["yn", "yn"], r"contents\[1\]: empty")]:
+                                        (["a", ""], ["yn", "yn"], r"^texts\[1\]: empty")]:
             with pytest.raises(uform.InvalidArgument, match=message):
                 encoder.text_choose(texts, choices)
         assert encoder.text_choose([], []) == []
@@ -197,6 +197,41 @@ def test_token_vectors_need_a_token_head(cpu, tmp_path):
             encoder.embed_tokens(["text"], ["hello"])
         with pytest.raises(uform.InvalidArgument, match=r"sides\[0\]"):
             encoder.embed_tokens(["text"], ["hello"], sides=["sideways"])
+
+
+NOT_AN_IMAGE = b"GIF89a" + bytes(20)
+
+
+def test_refusals_name_what_the_caller_passed(cpu, tmp_path):
+    """An encoder's caller passes `modalities` and `contents` (`texts` to choose), not a batch: its refusals name
+    those, counting items as the caller does, past the first pass too. A trainer's still name `batch`."""
+    made = config(late_interaction=dict(weight=1.0, width=32, max_query_span=16))
+    made["batch"].update(max_rows_per_device=2)  # a pass of 64 tokens: 40 items take several
+    texts = [f"item {i}" for i in range(40)]
+    path = str(tmp_path / "model.safetensors")
+    with uform.Trainer.init_ram(cpu, made) as trainer:
+        trainer.save(path, weights_only=True)
+        with pytest.raises(uform.InvalidArgument, match=r"^batch\.contents\[1\]: empty"):
+            trainer.step(dict(modalities=["text"] * 2, contents=["a", ""]))
+        pictured = dict(modalities=["text", "image"], contents=["a", NOT_AN_IMAGE])
+        for verb in (trainer.step, trainer.decode):
+            with pytest.raises(uform.InvalidArgument, match=r"^batch\.contents\[1\]: not an image file"):
+                verb(pictured)
+    empty = texts[:37] + [""] + texts[38:]
+    mixed = texts[:38] + [NOT_AN_IMAGE] + texts[39:]
+    data = "".join(texts).encode()
+    offsets = np.cumsum([0] + [len(text) for text in texts]).astype(np.uint64)
+    offsets[38] = offsets[37] - 1
+    with uform.Encoder.load(path, cpu) as encoder:
+        for verb in (encoder.embed, encoder.embed_tokens):
+            with pytest.raises(uform.InvalidArgument, match=r"^contents\[37\]: empty"):
+                verb(["text"] * 40, empty)
+            with pytest.raises(uform.InvalidArgument, match=r"^contents\[38\]: not an image file"):
+                verb(["text"] * 38 + ["image", "text"], mixed)
+        with pytest.raises(uform.InvalidArgument, match=r"^contents\.offsets\[38\]: \d+ is below the offset before"):
+            encoder.embed(["text"] * 40, uform.Tape(data, offsets))
+        with pytest.raises(uform.InvalidArgument, match=r"^texts\[37\]: empty"):
+            encoder.text_choose(empty, ["yn"] * 40)
 
 
 

@@ -812,6 +812,14 @@ def media_tokens_verb():
     return verb
 
 
+def media_tokens_fitted_verb():
+    """`uform_media_tokens_fitted`, which also answers whether the item was fitted to the row."""
+    verb = ctypes.CDLL(os.path.join(os.path.dirname(uform.__file__), "libuform.so")).uform_media_tokens_fitted
+    verb.restype = ctypes.c_int
+    verb.argtypes = media_tokens_verb().argtypes[:-1] + [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_char_p)]
+    return verb
+
+
 def media_tokens_in_c(shape, modality, data, capacity, sizing=False):
     """(status, message, tokens or None, grid, count, width) of one call with room for `capacity` tokens."""
     verb = media_tokens_verb()
@@ -870,12 +878,46 @@ def test_media_tokens_refusals_name_the_field():
 
 
 @needs_format("png", "wav")
+def test_media_tokens_fitted_tells_what_a_row_cut():
+    """`uform_media_tokens_fitted` answers what `uform_media_tokens` answers, and whether the item exceeded the
+    row: an image shrunk, a sound cut at the end. Python's answer is the same pair, with `truncated`."""
+    row = _Shape(max_columns_per_row=8, image_patch_side=8, audio_chunk_samples=300)
+    items = [("image", png_bytes(picture(16, 24, seed=1)), False), ("image", png_bytes(picture(30, 50, seed=1)), True),
+             ("audio", wav_bytes(tone(0.1, 16000), 16000), False), ("audio", wav_bytes(tone(0.5, 16000), 16000), True)]
+    fitted = media_tokens_fitted_verb()
+    for kind, data, cut in items:
+        modality = {"image": 2, "audio": 4}[kind]
+        for capacity in (0, 8):  # sizing, then filling
+            grid, count, width, message = (ctypes.c_uint32 * 3)(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_char_p()
+            truncated = ctypes.c_int(7)
+            tokens = np.full(8 * 300, np.nan, np.float32)
+            pointer = tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if capacity else None
+            status = fitted(ctypes.byref(row), modality, data, len(data), pointer, capacity, grid, ctypes.byref(count),
+                            ctypes.byref(width), ctypes.byref(truncated), ctypes.byref(message))
+            assert (status, truncated.value) == (0, int(cut)), message.value
+            _, _, plain, plain_grid, plain_count, plain_width = media_tokens_in_c(row, modality, data, 8)
+            assert (tuple(grid), count.value, width.value) == (plain_grid, plain_count, plain_width)
+            if capacity:
+                np.testing.assert_array_equal(tokens, plain[:len(tokens)])
+        shape = dict(max_columns_per_row=8, image=dict(patch_side=8), audio=dict(chunk_samples=300))
+        answer = uform.media_tokens(kind, data, shape)
+        tokens, grid = answer  # still the pair it was
+        assert isinstance(answer, uform.MediaTokens) and len(answer) == 2 and answer.truncated is cut
+        assert grid == plain_grid and tokens.shape == (plain_count, plain_width)
+    count = ctypes.c_size_t()
+    assert fitted(ctypes.byref(row), 2, items[1][1], len(items[1][1]), None, 0, None, ctypes.byref(count), None, None,
+                  None) == 0 and count.value == 6  # the report may be NULL, as the other outputs may
+
+
+@needs_format("png", "wav")
 def test_media_tokens_in_python_follow_the_shape_given():
     """`uform.media_tokens` takes a `BatchShape` or a dict, as a checkpoint's config records it."""
     image = png_bytes(picture(30, 50, seed=1))
-    tokens, grid = uform.media_tokens("image", image, dict(max_columns_per_row=8, image=dict(patch_side=8, channels=1)))
+    answer = uform.media_tokens("image", image, dict(max_columns_per_row=8, image=dict(patch_side=8, channels=1)))
+    tokens, grid = answer
     patches, expected = decoded(image, patch_side=8, channels=1, max_tokens=8)
     assert grid == (1, 2, 3) == (expected["frames"], expected["rows"], expected["columns"]) and expected["truncated"]
+    assert answer.truncated
     np.testing.assert_array_equal(tokens, patches.reshape(len(patches), -1))
     sound = wav_bytes(tone(0.1, 8000), 8000)
     chunks, grid = uform.media_tokens(uform.Modality.AUDIO, sound, uform.BatchShape(audio=uform.AudioShape(

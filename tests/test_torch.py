@@ -8,7 +8,9 @@ models; the tests allow 1e-5. Images, video and audio are decoded by the library
 (`uform.media_tokens`), so there too only the model's arithmetic differs: 2.1e-7 for image and audio
 embeddings, 7.2e-7 for video token vectors.
 """
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -170,6 +172,31 @@ def test_fine_tuned_weights_go_back_to_the_library(cpu, checkpoints, tmp_path):
         assert torch.equal(again.embed(TEXTS), ours)
 
 
+def test_saving_keeps_the_checkpoints_note(cpu, tmp_path):
+    """A checkpoint's note (where a data stream stands, say) survives a trip through PyTorch; `note=` replaces it."""
+    note = '{"cursor": {"epoch": 2, "record": 41}, "source": "données"}'
+    path = str(tmp_path / "noted.safetensors")
+    with uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="masked", schedule=dict(steps=10),
+                                          batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
+        trainer.save(path, note=note)
+        trainer.save(str(tmp_path / "plain.safetensors"))
+    module = uform_torch.load(path)
+    assert module.note == note and uform_torch.load(str(tmp_path / "plain.safetensors")).note is None
+    kept, replaced, dropped = (str(tmp_path / f"{name}.safetensors") for name in ("kept", "replaced", "dropped"))
+    uform_torch.save(module, kept)
+    uform_torch.save(module, replaced, note="fine-tuned on the cursor above")
+    uform_torch.save(module, dropped, note=None)
+    assert uform.checkpoint_note(kept) == note and uform_torch.load(kept).note == note
+    assert uform.checkpoint_note(replaced) == "fine-tuned on the cursor above"
+    assert uform.checkpoint_note(dropped) is None and uform_torch.load(dropped).note is None
+    with uform.Encoder.load(kept, cpu) as encoder:
+        assert encoder.hidden == 128
+    with pytest.raises(uform.InvalidArgument, match="note: a NUL character at 1"):
+        uform_torch.save(module, dropped, note="a\0b")
+    with pytest.raises(uform.InvalidArgument, match="note: expected a str or None, got int"):
+        uform_torch.save(module, dropped, note=5)
+
+
 def test_bfloat16_stays_close(checkpoints):
     with torch.no_grad():
         exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)
@@ -212,6 +239,14 @@ def test_what_this_module_does_not_build_is_refused_by_name(checkpoints, tmp_pat
         uform_torch.load(formatted)
     with pytest.raises(uform.InvalidCheckpoint, match="not a readable safetensors file"):
         uform_torch.load(__file__)
+
+    def unshaped(metadata):  # a run records every media shape it derived; the module restates none of them
+        config = json.loads(metadata["config"])
+        del config["batch"]["video"]["tube_frames"]
+        metadata["config"] = json.dumps(config)
+
+    with pytest.raises(uform.InvalidCheckpoint, match=r"unshaped.safetensors has config.batch.video.tube_frames = None"):
+        uform_torch.load(rewrite(source, str(tmp_path / "unshaped.safetensors"), None, unshaped))
 
 
 def test_bad_inputs_are_refused_by_name(checkpoints):
@@ -366,6 +401,38 @@ def test_video_embeddings_match_the_encoder(cpu, media_checkpoint, tmp_path):
     assert [len(v) for v in vectors] == [36, 6, 60, 20] and largest_difference(vectors, expected_vectors) < TOLERANCE
     moved = moved_by_text_positions(module, contents, modalities)
     assert moved[1] == 0 and moved[[0, 2, 3]].min() > 100 * TOLERANCE  # tubelets turn by time, row and column
+
+
+OTHER_SHAPES = dict(image=dict(patch_side=4, channels=1), video=dict(patch_side=4, tube_frames=3, channels=1),
+                    audio=dict(chunk_samples=160, sample_rate=8000))
+
+
+@needs_format("png", "wav")
+def test_other_media_shapes_embed_as_the_encoder_does(cpu, tmp_path):
+    """Each kind's projection is as wide as the checkpoint's shapes make its tokens: gray patches of 4 x 4,
+    tubelets of 3 gray frames, chunks of 160 samples at 8 kHz embed as `uform.Encoder` embeds them."""
+    config = dict(MEDIA_CONFIG, batch=dict(MEDIA_CONFIG["batch"], **OTHER_SHAPES))
+    contents, modalities = media_items()
+    path = str(tmp_path / "shaped.safetensors")
+    with uform.Trainer.init_ram(cpu, config) as trainer:
+        for _ in range(2):
+            trainer.step(dict(modalities=modalities, contents=contents))
+        trainer.save(path, weights_only=True)
+    module = uform_torch.load(path)
+    widths = [module.image.projection.shape[1], module.video.projection.shape[1], module.audio.projection.shape[1]]
+    assert widths == [4 * 4 * 1, 3 * 4 * 4 * 1, 160]
+    if shutil.which("ffmpeg") and "mp4" in uform.capabilities():  # 3 tubelets of 3 x 4 patches
+        contents, modalities = contents + [clip(tmp_path, "mp4", frames=7, size="16x12")], modalities + ["video"]
+    for kind, width in zip(("image", "video", "audio"), widths):
+        for item in (item for item, modality in zip(contents, modalities) if modality == kind):
+            assert uform.media_tokens(kind, item, module.config["batch"])[0].shape[1] == width
+    expected, expected_vectors = library_items(cpu, path, contents, modalities)
+    with torch.no_grad():
+        embeddings = module.embed(contents, modalities, batch_size=3)
+        vectors = module.embed_tokens(contents, modalities, batch_size=4)
+    assert largest_difference(embeddings, expected) < TOLERANCE
+    assert [len(v) for v in vectors] == [len(v) for v in expected_vectors]
+    assert largest_difference(vectors, expected_vectors) < TOLERANCE
 
 
 def test_media_token_vectors_match_the_encoder(cpu, media_checkpoint):

@@ -81,6 +81,7 @@ __all__ = [
     "capabilities",
     "checkpoint_note",
     "media_tokens",
+    "MediaTokens",
     "Executor",
     "Mesh",
     "Trainer",
@@ -144,10 +145,22 @@ def checkpoint_note(path: Any) -> Optional[str]:
     return note.decode("utf-8") if note else None
 
 
-def media_tokens(modality: Any, content: Any, shape: Any = None) -> Tuple[np.ndarray, Tuple[int, int, int]]:
+class MediaTokens(tuple):
+    """What `media_tokens` answers: the pair (tokens, grid), and in `truncated` whether the item exceeded a
+    row and was fitted to it (an image shrunk, a video or a sound cut at the end), as a step counts it in
+    `truncated_items`."""
+
+    def __new__(cls, tokens: np.ndarray, grid: Tuple[int, int, int], truncated: bool) -> "MediaTokens":
+        answer = super().__new__(cls, (tokens, grid))
+        answer.truncated = bool(truncated)
+        return answer
+
+
+def media_tokens(modality: Any, content: Any, shape: Any = None) -> MediaTokens:
     """The tokens one image, video or sound decodes to, exactly as a trainer or an encoder whose batch has
     `shape` (a `BatchShape` or a dict; a checkpoint's own is `config["batch"]` in its metadata) reads them:
-    (float32 array of tokens x width, (frames, rows, columns)).
+    (float32 array of tokens x width, (frames, rows, columns)), whose `truncated` says whether the item was
+    fitted to a row.
 
     An image answers its patches in raster order (grid (1, rows, columns)), a video its tubelets by time,
     then row, then column, a sound its chunks (grid (chunks, 1, 1)); each token is `width` values laid out
@@ -162,8 +175,8 @@ def media_tokens(modality: Any, content: Any, shape: Any = None) -> Tuple[np.nda
     data = np.frombuffer(content, np.uint8) if not isinstance(content, np.ndarray) else content
     if data.dtype != np.uint8 or data.ndim != 1:
         raise InvalidArgument(f"content: expected a 1-D uint8 array, got {data.dtype} of shape {data.shape}")
-    return _native.media_tokens(_native.C_ENUMS["modality"][kind.value], np.ascontiguousarray(data),
-                                normalize(BatchShape, shape, "shape"))
+    return MediaTokens(*_native.media_tokens(_native.C_ENUMS["modality"][kind.value], np.ascontiguousarray(data),
+                                             normalize(BatchShape, shape, "shape")))
 
 
 def _note_bytes(note: Any) -> bytes:

@@ -576,27 +576,28 @@ def checkpoint_note(bytes path):
 
 def media_tokens(uint32_t modality, const uint8_t[::1] content, dict shape):
     """The tokens one media item decodes to under `shape` (the nested dict `normalize(BatchShape, ...)` answers):
-    (float32 tokens x width, (frames, rows, columns)). The first call sizes, the second fills: the item is
-    decoded twice, as the width and the count come from the library's own derivation."""
+    (float32 tokens x width, (frames, rows, columns), whether it was fitted to a row). The first call sizes, the
+    second fills: the item is decoded twice, as the width and the count come from the library's own derivation."""
     cdef uform_batch_shape_t c
     cdef uint32_t grid[3]
     cdef size_t count = 0, width = 0
+    cdef int truncated = 0
     cdef const char* message = NULL
     cdef uform_status_t status
     cdef const uint8_t* bytes_ = &content[0] if content.shape[0] else NULL
     cdef size_t length = content.shape[0]
     c = shape
     with nogil:
-        status = uform_media_tokens(&c, <uform_modality_t>modality, bytes_, length, NULL, 0, grid, &count, &width,
-                                    &message)
-    check(status, message, "uform_media_tokens")
+        status = uform_media_tokens_fitted(&c, <uform_modality_t>modality, bytes_, length, NULL, 0, grid, &count,
+                                           &width, &truncated, &message)
+    check(status, message, "uform_media_tokens_fitted")
     tokens = np.empty((count, width), np.float32)
     cdef float[:, ::1] landing = tokens
     with nogil:
-        status = uform_media_tokens(&c, <uform_modality_t>modality, bytes_, length, &landing[0, 0], count, grid,
-                                    &count, &width, &message)
-    check(status, message, "uform_media_tokens")
-    return tokens, (grid[0], grid[1], grid[2])
+        status = uform_media_tokens_fitted(&c, <uform_modality_t>modality, bytes_, length, &landing[0, 0], count,
+                                           grid, &count, &width, &truncated, &message)
+    check(status, message, "uform_media_tokens_fitted")
+    return tokens, (grid[0], grid[1], grid[2]), bool(truncated)
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -7,8 +7,8 @@ same tokens, cut and padded as the library reads them. Text is its bytes; an ima
 sound is decoded by the library itself (`uform.media_tokens`, under the checkpoint's own batch
 shapes) into patches, tubelets or chunks, so this module reads the very values `uform.Encoder` reads.
 Its parameters bear the checkpoint's tensor names (`state_dict()` keys are `text.embedding`,
-`blocks.0.qkv`, ...), so `save(module, path)` writes a weights-only checkpoint that
-`uform.Encoder.load` reads back.
+`blocks.0.qkv`, ...), so `save(module, path)` writes a weights-only checkpoint, with the note the
+module was loaded with, that `uform.Encoder.load` reads back.
 
 The library packs items into rows and lets each attend only within itself; this module puts each
 item in its own row of a padded (batch, seq) tensor and masks the padding out of attention and
@@ -34,7 +34,7 @@ except ImportError as error:  # the core package works without it; only this mod
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from . import media_tokens
+from . import _note_bytes, media_tokens
 from .config import LateInteractionSide, Modality, enum_member
 from .errors import InvalidArgument, InvalidCheckpoint, Unsupported
 
@@ -191,6 +191,17 @@ def _positive(config: dict, keys: Sequence[str], where: str, required: bool = Tr
     return value
 
 
+def _media_widths(config: dict, where: str) -> Tuple[int, int, int]:
+    """Values in an image patch, a video tubelet and an audio chunk under the batch shapes the checkpoint's config
+    records: a run writes each one as it derived it, so the module sizes tokens as the library's decoders do."""
+    def shape(kind: str, key: str) -> int:
+        return _positive(config, ("batch", kind, key), where)
+
+    image = shape("image", "patch_side") ** 2 * shape("image", "channels")
+    video = shape("video", "tube_frames") * shape("video", "patch_side") ** 2 * shape("video", "channels")
+    return image, video, shape("audio", "chunk_samples")
+
+
 class Encoder(nn.Module):
     """The encoder of a uform checkpoint: `load(path)` makes one.
 
@@ -200,10 +211,12 @@ class Encoder(nn.Module):
     changes nothing, and `seq` may not exceed the checkpoint's `max_columns_per_row`. Item-level
     verbs (`embed`, `embed_tokens`, `text_choose`) answer what `uform.Encoder`'s verbs of those
     names answer. Every verb follows PyTorch's grad mode: wrap inference in `torch.no_grad()` or
-    `torch.inference_mode()`.
+    `torch.inference_mode()`. `config`, `step` and `note` are what the checkpoint recorded (`note` None
+    where it carried none); `save` writes them back.
     """
 
-    def __init__(self, config: dict, step: int = 0, config_json: Optional[str] = None) -> None:
+    def __init__(self, config: dict, step: int = 0, config_json: Optional[str] = None,
+                 note: Optional[str] = None) -> None:
         super().__init__()
         where = "config"
         self.depth = _positive(config, ("depth",), where)
@@ -212,15 +225,10 @@ class Encoder(nn.Module):
         self.max_columns_per_row = _positive(config, ("batch", "max_columns_per_row"), where)
         self.max_query_span = _positive(config, ("late_interaction", "max_query_span"), where, required=False)
         self.late_width = _positive(config, ("late_interaction", "width"), where) if self.max_query_span else 0
-        self.config, self.step = config, step
+        self.config, self.step, self.note = config, step, note
         self.config_json = config_json if config_json is not None else json.dumps(config)
         self.text = _Text(self.hidden)
-        shapes = config.get("batch", {})
-        image, video = shapes.get("image", {}), shapes.get("video", {})
-        self.image = _Media(self.hidden, image.get("patch_side", 16) ** 2 * image.get("channels", 3))
-        self.video = _Media(self.hidden, video.get("tube_frames", 2) * video.get("patch_side", 16) ** 2 *
-                            video.get("channels", 3))
-        self.audio = _Media(self.hidden, shapes.get("audio", {}).get("chunk_samples", 400))
+        self.image, self.video, self.audio = (_Media(self.hidden, width) for width in _media_widths(config, where))
         self.blocks = nn.ModuleList(Block(self.hidden) for _ in range(self.depth))
         self.final_norm = nn.Parameter(torch.ones(self.hidden))
         self.contrastive = _Scores(self.temperature_groups)
@@ -482,7 +490,7 @@ def _side_queries(side: Any, path: str) -> bool:
 
 
 def _read_metadata(where: str, metadata: dict):
-    """The checkpoint's config (parsed and as written), step and kind, each checked as the library checks it."""
+    """The checkpoint's config (parsed and as written), step, kind and note, each checked as the library checks it."""
     if metadata.get("format") != FORMAT:
         raise InvalidCheckpoint(f"{where} has __metadata__.format = {metadata.get('format')!r}, not {FORMAT!r}")
     step = metadata.get("step")
@@ -507,13 +515,14 @@ def _read_metadata(where: str, metadata: dict):
     if columns > ENCODER_TOKENS:
         raise InvalidCheckpoint(f"{where} records config.batch.max_columns_per_row = {columns}; an encoder packs at "
                                 f"most {ENCODER_TOKENS} tokens a pass")
+    _media_widths(config, where)
     span = _positive(config, ("late_interaction", "max_query_span"), where, required=False)
     if span:
         width = _positive(config, ("late_interaction", "width"), where)
         if width % 8 or span > columns:
             raise InvalidCheckpoint(f"{where} has config.late_interaction.width = {width} and max_query_span = {span}; "
                                     f"a run takes a width that is a multiple of 8 and a span that fits a row")
-    return config, text, int(step), weights_only == "true"
+    return config, text, int(step), weights_only == "true", metadata.get("note") or None
 
 
 def _check_names(where: str, names: Sequence[str], expected: dict, weights_only: bool) -> None:
@@ -553,8 +562,8 @@ def load(path: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> 
     except Exception as error:  # safetensors raises its own types for unreadable headers
         raise InvalidCheckpoint(f"{where} is not a readable safetensors file ({error})") from None
     with opened as file:
-        config, text, step, weights_only = _read_metadata(where, file.metadata() or {})
-        module = Encoder(config, step=step, config_json=text)
+        config, text, step, weights_only, note = _read_metadata(where, file.metadata() or {})
+        module = Encoder(config, step=step, config_json=text, note=note)
         expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
         _check_names(where, list(file.keys()), expected, weights_only)
         state = {}
@@ -571,12 +580,22 @@ def load(path: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> 
     return module.to(device=device, dtype=dtype).eval()
 
 
-def save(module: Encoder, path: Any) -> None:
-    """Writes `module`'s weights as a weights-only uform checkpoint (float32, the config and step it was
-    loaded with), which `uform.Encoder.load` and `uform.torch.load` read; no run resumes from it."""
+_KEEP = object()  # `save`'s note when none is given: the module's own
+
+
+def save(module: Encoder, path: Any, note: Any = _KEEP) -> None:
+    """Writes `module`'s weights as a weights-only uform checkpoint (float32, the config, step and note it was
+    loaded with), which `uform.Encoder.load` and `uform.torch.load` read; no run resumes from it.
+
+    `note` replaces the module's note (`module.note`, which `load` read from the checkpoint's
+    `__metadata__.note`), as `Trainer.save(path, note=...)` stores one; None or "" stores none.
+    `uform.checkpoint_note(path)` reads it back."""
     if not isinstance(module, Encoder):
         raise InvalidArgument(f"module: expected a uform.torch.Encoder, got {type(module).__name__}")
+    note = module.note if note is _KEEP else note
     tensors = {name: tensor.detach().to("cpu", torch.float32).contiguous()
                for name, tensor in module.state_dict().items()}
     metadata = {"format": FORMAT, "step": str(module.step), "config": module.config_json, "weights_only": "true"}
+    if note is not None and _note_bytes(note):
+        metadata["note"] = note
     save_file(tensors, os.fspath(path), metadata=metadata)

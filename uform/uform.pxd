@@ -294,9 +294,10 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_encoder_embed(uform_encoder_t encoder, uform_encoder_embed_t* embed, const char** error)
     uform_status_t uform_encoder_free(uform_encoder_t encoder, const char** error)
 
-    uform_status_t uform_media_tokens(const uform_batch_shape_t* shape, uform_modality_t modality, const void* bytes,
-                                      size_t length, float* tokens, size_t capacity, uint32_t* grid, size_t* count,
-                                      size_t* width, const char** error)
+    uform_status_t uform_media_tokens_fitted(const uform_batch_shape_t* shape, uform_modality_t modality,
+                                             const void* bytes, size_t length, float* tokens, size_t capacity,
+                                             uint32_t* grid, size_t* count, size_t* width, int* truncated,
+                                             const char** error)
 
 
 cdef extern from "internal.h" nogil:

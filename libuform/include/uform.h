@@ -644,7 +644,7 @@ UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const*
  *  preprocessing"). It needs no handle, so a model run outside the library reads what uform's reads.
  *  @param[in] shape The batch shape; zeros derive as a trainer's config derives them. A checkpoint records its own
  *  as `config.batch` in its metadata. The item is fitted to one row of `max_columns_per_row` tokens, as a step fits
- *  it: an image shrunk, video and audio cut at the end.
+ *  it: an image shrunk, video and audio cut at the end; `uform_media_tokens_fitted` tells whether it was.
  *  @param[in] modality Image, video or audio; text has no media tokens and is refused.
  *  @param[in] bytes The encoded file, `length` bytes.
  *  @param[out] tokens Room for `capacity` tokens of the kind's width in float32: an image patch's
@@ -669,6 +669,18 @@ UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const*
 UFORM_API uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modality_t modality,
                                             void const* bytes, size_t length, float* tokens, size_t capacity,
                                             uint32_t* grid, size_t* count, size_t* width, char const** error);
+
+/**
+ *  @brief `uform_media_tokens`, also telling whether the item was fitted to the row: what a step counts in
+ *  `truncated_items` and an encoder in its own. Every other argument is `uform_media_tokens`'s.
+ *  @param[out] truncated 1 when the item exceeded a row of `max_columns_per_row` tokens and was fitted to it (an
+ *  image shrunk, a video or a sound cut at the end), else 0; set on success, even when `capacity` falls short.
+ *  May be NULL.
+ */
+UFORM_API uform_status_t uform_media_tokens_fitted(uform_batch_shape_t const* shape, uform_modality_t modality,
+                                                   void const* bytes, size_t length, float* tokens, size_t capacity,
+                                                   uint32_t* grid, size_t* count, size_t* width, int* truncated,
+                                                   char const** error);
 
 #ifdef __cplusplus
 }

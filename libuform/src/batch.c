@@ -11,6 +11,19 @@
 
 #define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
 
+/* How messages name the items a verb's caller passed: a trainer's step as `batch.contents[3]`, an encoder's verbs
+   as the `contents[3]` (or `texts[3]`) given to them. `decoded` names media a caller decoded ahead; NULL where the
+   verb decoded them itself, from the very items it packs. */
+typedef struct uform_item_names_t {
+    char const* modalities;
+    char const* contents;
+    char const* decoded;
+} uform_item_names_t;
+
+static uform_item_names_t const uform_batch_names = {"batch.modalities", "batch.contents", "step.decoded"};
+static uform_item_names_t const uform_encoder_names = {"modalities", "contents", NULL};
+static uform_item_names_t const uform_choose_names = {"modalities", "texts", NULL};
+
 uform_status_t uform_packed_init(uform_packed_t* packed, uform_config_t const* config, uform_backend_t const* backend,
                                  void* context, char const** error) {
     uform_batch_shape_t const* batch = &config->given.batch;
@@ -57,21 +70,22 @@ void uform_packed_free(uform_packed_t* packed) {
     memset(packed, 0, sizeof(*packed));
 }
 
-/* Checks a tape's offsets, reading each once into `snapshot` (count + 1), which the packing then reads instead. */
-static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, uint64_t* snapshot,
-                                       char const** error) {
+/* Checks a tape's offsets, reading each once into `snapshot` (count + 1), which the packing then reads instead.
+   Messages count offsets from `first`, where the caller's tape starts this one. */
+static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, size_t first,
+                                       uint64_t* snapshot, char const** error) {
     if (tape->count != count) return UFORM_INVALID("%s: %zu entries for %zu items", name, tape->count, count);
     if (!tape->offsets) return UFORM_INVALID("%s: NULL offsets", name);
     uint64_t before = snapshot[0] = tape->offsets[0];
     for (size_t i = 0; i != count; ++i) {
         uint64_t offset = snapshot[i + 1] = tape->offsets[i + 1];
         if (offset < before)
-            return UFORM_INVALID("%s.offsets[%zu]: %llu is below the offset before it, %llu", name, i + 1,
+            return UFORM_INVALID("%s.offsets[%zu]: %llu is below the offset before it, %llu", name, first + i + 1,
                                  (unsigned long long)offset, (unsigned long long)before);
         before = offset;
     }
     if (snapshot[count] > tape->size)
-        return UFORM_INVALID("%s.offsets[%zu]: %llu is past the tape's size, %llu", name, count,
+        return UFORM_INVALID("%s.offsets[%zu]: %llu is past the tape's size, %llu", name, first + count,
                              (unsigned long long)snapshot[count], (unsigned long long)tape->size);
     if (snapshot[count] && !tape->data) return UFORM_INVALID("%s: NULL data", name);
     return uform_status_success_k;
@@ -128,36 +142,37 @@ static int uform_compare_u32(void const* a, void const* b) {
 
 /* How many items, and their modalities. Messages count items from `first`, the caller's numbering. */
 static uform_status_t uform_items_count(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
-                                        size_t first, char const** error) {
-    if (!count) return UFORM_INVALID("batch: no items");
+                                        size_t first, uform_item_names_t const* names, char const** error) {
+    if (!count) return UFORM_INVALID("%s: no items", names->contents);
     if (count > config->given.batch.max_segments_per_device)
-        return UFORM_INVALID("batch: %zu items exceed config.batch.max_segments_per_device = %u", count,
+        return UFORM_INVALID("%s: %zu items exceed config.batch.max_segments_per_device = %u", names->contents, count,
                              config->given.batch.max_segments_per_device);
-    if (!modalities) return UFORM_INVALID("batch.modalities: NULL");
+    if (!modalities) return UFORM_INVALID("%s: NULL", names->modalities);
     for (size_t i = 0; i != count; ++i) {
         uform_modality_t modality = modalities[i];
         if (modality >= uform_modality_text_k && modality <= uform_modality_audio_k) continue;
-        return UFORM_INVALID("batch.modalities[%zu]: %d is not a modality", first + i, (int)modality);
+        return UFORM_INVALID("%s[%zu]: %d is not a modality", names->modalities, first + i, (int)modality);
     }
     return uform_status_success_k;
 }
 
 /* The items' bytes, their offsets kept in `offsets` (count + 1) for the packing. */
 static uform_status_t uform_contents_check(uint64_t* offsets, uform_tape_t const* contents, size_t count,
-                                           size_t first, char const** error) {
-    uform_status_t status = uform_tape_check(contents, count, "batch.contents", offsets, error);
+                                           size_t first, uform_item_names_t const* names, char const** error) {
+    uform_status_t status = uform_tape_check(contents, count, names->contents, first, offsets, error);
     if (status != uform_status_success_k) return status;
     for (size_t i = 0; i != count; ++i)
         if (offsets[i + 1] == offsets[i])
-            return UFORM_INVALID("batch.contents[%zu]: empty; every item needs at least one byte", first + i);
+            return UFORM_INVALID("%s[%zu]: empty; every item needs at least one byte", names->contents, first + i);
     return uform_status_success_k;
 }
 
 uform_status_t uform_batch_check_items(uform_config_t const* config, uform_trainer_step_t const* step,
                                       uint64_t* offsets, char const** error) {
-    uform_status_t status = uform_items_count(config, step->count, step->modalities, 0, error);
-    return status == uform_status_success_k ? uform_contents_check(offsets, &step->contents, step->count, 0, error)
-                                            : status;
+    uform_status_t status = uform_items_count(config, step->count, step->modalities, 0, &uform_batch_names, error);
+    return status == uform_status_success_k
+               ? uform_contents_check(offsets, &step->contents, step->count, 0, &uform_batch_names, error)
+               : status;
 }
 
 static int uform_tape_given(uform_tape_t const* tape) { return tape->offsets || tape->data; }
@@ -186,7 +201,7 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
         return uform_status_success_k;
     }
     uint64_t* snapshot = packed->choice_snapshot;
-    uform_status_t status = uform_tape_check(choices, count, field, snapshot, error);
+    uform_status_t status = uform_tape_check(choices, count, field, first, snapshot, error);
     if (status != uform_status_success_k) return status;
     int offered_any = snapshot[count] != snapshot[0];
     if (training && offered_any && !(c->choices.weight > 0))
@@ -194,7 +209,8 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
     if (training && offered_any && !uform_tape_given(targets))
         return UFORM_INVALID("batch.choice_targets: required with batch.choices");
     training = training && uform_tape_given(targets);
-    if (training) status = uform_tape_check(targets, count, "batch.choice_targets", packed->target_snapshot, error);
+    if (training)
+        status = uform_tape_check(targets, count, "batch.choice_targets", first, packed->target_snapshot, error);
     if (status != uform_status_success_k) return status;
     uint8_t const* bytes = (uint8_t const*)choices->data;
     char const* values = training ? (char const*)targets->data : NULL; /* float32s, read by copy: any alignment */
@@ -250,12 +266,12 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
                                            uform_trainer_step_t const* step, char const** error) {
     uform_trainer_init_vram_t const* c = &config->given;
     size_t count = step->count;
-    uform_status_t status = uform_items_count(config, count, step->modalities, 0, error);
+    uform_status_t status = uform_items_count(config, count, step->modalities, 0, &uform_batch_names, error);
     if (status != uform_status_success_k) return status;
     status = uform_choices_check(packed, config, count, step->modalities, &step->choices, &step->choice_targets, 0,
                                  "batch.choices", error);
     if (status != uform_status_success_k) return status;
-    status = uform_contents_check(packed->offsets, &step->contents, count, 0, error);
+    status = uform_contents_check(packed->offsets, &step->contents, count, 0, &uform_batch_names, error);
     if (status != uform_status_success_k) return status;
     if (step->bags) {
         uint32_t* sorted = malloc(count * sizeof(uint32_t));
@@ -435,7 +451,7 @@ static void uform_place_media(uform_packed_t* packed, uform_config_t const* conf
                               uform_media_runs_t cursor) {
     uform_media_grid_t const* grid = &decoded->grids[item];
     size_t width = packed->widths[kind];
-    uint32_t tokens = grid->frames * grid->rows * grid->columns;
+    size_t tokens = uform_grid_tokens(grid);
     for (uint32_t p = 0; p != tokens; ++p) {
         float const* values = decoded->values[item] + (size_t)p * width;
         int hidden = uform_media_hides(config, hiding, kind, item, p);
@@ -468,13 +484,16 @@ static uform_status_t uform_media_decode(uform_batch_shape_t const* b, int kind,
     return uform_audio_chunks(bytes, length, b->audio.sample_rate, b->audio.chunk_samples, room, out, grid, field, error);
 }
 
-static size_t uform_grid_tokens(uform_media_grid_t const* grid) {
-    return (size_t)grid->frames * grid->rows * grid->columns;
-}
-
 uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modality_t modality, void const* bytes,
                                   size_t length, float* tokens, size_t capacity, uint32_t* grid, size_t* count,
                                   size_t* width, char const** error) {
+    return uform_media_tokens_fitted(shape, modality, bytes, length, tokens, capacity, grid, count, width, NULL, error);
+}
+
+uform_status_t uform_media_tokens_fitted(uform_batch_shape_t const* shape, uform_modality_t modality,
+                                         void const* bytes, size_t length, float* tokens, size_t capacity,
+                                         uint32_t* grid, size_t* count, size_t* width, int* truncated,
+                                         char const** error) {
     if (!shape) return UFORM_INVALID("shape: NULL");
     if (!count) return UFORM_INVALID("count: NULL output pointer");
     if (!bytes && length) return UFORM_INVALID("bytes: NULL with a length of %zu", length);
@@ -497,6 +516,7 @@ uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modali
         *count = uform_grid_tokens(&fitted);
         if (grid) grid[0] = fitted.frames, grid[1] = fitted.rows, grid[2] = fitted.columns;
         if (width) *width = widths[kind];
+        if (truncated) *truncated = fitted.truncated != 0;
         if (tokens && capacity < *count)
             status = UFORM_INVALID("capacity: %zu tokens, but the item decodes to %zu", capacity, *count);
         else if (tokens && out != tokens)
@@ -520,7 +540,7 @@ void uform_decoded_release(uform_decoded_s* decoded) {
  */
 uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
                                   uform_tape_t const* contents, uint64_t const* offsets, size_t first,
-                                  uform_decoded_s** made, char const** error) {
+                                  char const* name, uform_decoded_s** made, char const** error) {
     uform_batch_shape_t const* shape = &config->given.batch;
     size_t room = shape->max_columns_per_row, widths[uform_media_kinds_k];
     uform_media_widths(shape, widths);
@@ -563,17 +583,17 @@ uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uf
     for (size_t i = 0; i != count && status == uform_status_success_k; ++i) {
         if (statuses[i] == uform_status_success_k) continue;
         if (statuses[i] == uform_status_out_of_memory_k) {
-            status = uform_fail(error, uform_status_out_of_memory_k, "batch.contents[%zu]: no memory to decode it", first + i);
+            status = uform_fail(error, uform_status_out_of_memory_k, "%s[%zu]: no memory to decode it", name, first + i);
             break;
         }
         char field[64];
-        snprintf(field, sizeof(field), "batch.contents[%zu]", first + i);
+        snprintf(field, sizeof(field), "%s[%zu]", name, first + i);
         uform_media_grid_t grid;
         status = uform_media_decode(shape, uform_media_kind(decoded->modalities[i]), bytes + offsets[i],
                                     offsets[i + 1] - offsets[i], room, decoded->values[i], &grid, field, error);
         if (status == uform_status_success_k) /* failed on its first try only: say so rather than pass it */
             status = uform_fail(error, uform_status_invalid_argument_k,
-                                "batch.contents[%zu]: decoded differently on a second try (its bytes changed?)", first + i);
+                                "%s[%zu]: decoded differently on a second try (its bytes changed?)", name, first + i);
     }
     free(statuses);
     if (status != uform_status_success_k) uform_decoded_release(decoded);
@@ -581,18 +601,24 @@ uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uf
     return status;
 }
 
-/* Checks a step brings the items its media were decoded from: the same modalities, bytes and offsets. */
+/* Checks the items are the ones their media were decoded from: the same modalities, bytes and offsets. Media the
+   verb decoded itself differ only where the caller changed its items while the verb read them. */
 static uform_status_t uform_decoded_check(uform_decoded_s const* decoded, size_t count,
                                           uform_modality_t const* modalities, uform_tape_t const* contents,
-                                          uint64_t const* offsets, char const** error) {
+                                          uint64_t const* offsets, size_t first, uform_item_names_t const* names,
+                                          char const** error) {
+    char const* ahead = names->decoded ? names->decoded : "the media decoded ahead";
     if (decoded->count != count)
-        return UFORM_INVALID("step.decoded: made from %zu items, not this batch's %zu", decoded->count, count);
+        return UFORM_INVALID("%s: made from %zu items, not this batch's %zu", ahead, decoded->count, count);
     if (decoded->data != (uint8_t const*)contents->data)
-        return UFORM_INVALID("step.decoded: made from another contents tape than batch.contents");
+        return UFORM_INVALID("%s: made from another contents tape than %s", ahead, names->contents);
     for (size_t i = 0; i != count; ++i)
         if (decoded->modalities[i] != modalities[i] || decoded->offsets[i] != offsets[i] ||
             decoded->offsets[i + 1] != offsets[i + 1])
-            return UFORM_INVALID("step.decoded: batch item %zu differs from the one decoded (its modality or offsets)", i);
+            return names->decoded ? UFORM_INVALID("%s: batch item %zu differs from the one decoded (its modality or "
+                                                  "offsets)", names->decoded, first + i)
+                                  : UFORM_INVALID("%s[%zu]: its modality or offsets changed while they were read",
+                                                  names->contents, first + i);
     return uform_status_success_k;
 }
 
@@ -623,7 +649,7 @@ typedef struct uform_placement_t {
 static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t const* config, size_t count,
                                          uform_tape_t const* contents, uint32_t const* groups,
                                          uform_hiding_t const* hiding, uform_decoded_s const* decoded, size_t first,
-                                         char const** error) {
+                                         uform_item_names_t const* names, char const** error) {
     uform_batch_shape_t const* shape = &config->given.batch;
     uint32_t group_count = config->given.contrastive.temperature_groups;
     uint8_t const* bytes = (uint8_t const*)contents->data;
@@ -660,9 +686,11 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
         while (row != packed->rows_count && packed->row_fill[row] + length > shape->max_columns_per_row) ++row;
         if (row == packed->rows_count) {
             if (row == shape->max_rows_per_device) {
-                status = UFORM_INVALID("batch.contents: item %zu does not fit; the items need more than "
+                /* The batch's fault as a whole: not named as the entry `contents[i]`, which marks a bad item. */
+                status = UFORM_INVALID("%s: item %zu does not fit; the items need more than "
                                        "config.batch.max_rows_per_device = %u rows of %u columns",
-                                       first + i, shape->max_rows_per_device, shape->max_columns_per_row);
+                                       names->contents, first + i, shape->max_rows_per_device,
+                                       shape->max_columns_per_row);
                 break;
             }
             packed->row_fill[packed->rows_count++] = 0;
@@ -706,13 +734,16 @@ static uform_status_t uform_pack_decoded(uform_packed_t* packed, uform_config_t 
 static uform_status_t uform_pack_rows(uform_packed_t* packed, uform_config_t const* config, size_t count,
                                       uform_modality_t const* modalities, uform_tape_t const* contents,
                                       uint32_t const* groups, uform_hiding_t const* hiding,
-                                      uform_decoded_s const* ahead, size_t first, char const** error) {
+                                      uform_decoded_s const* ahead, size_t first, uform_item_names_t const* names,
+                                      char const** error) {
     uform_decoded_s* made = NULL;
-    uform_status_t status = ahead ? uform_decoded_check(ahead, count, modalities, contents, packed->offsets, error)
-                                  : uform_decoded_make(config, count, modalities, contents, packed->offsets, first,
-                                                       &made, error);
+    uform_status_t status =
+        ahead ? uform_decoded_check(ahead, count, modalities, contents, packed->offsets, first, names, error)
+              : uform_decoded_make(config, count, modalities, contents, packed->offsets, first, names->contents, &made,
+                                   error);
     if (status == uform_status_success_k)
-        status = uform_pack_decoded(packed, config, count, contents, groups, hiding, ahead ? ahead : made, first, error);
+        status = uform_pack_decoded(packed, config, count, contents, groups, hiding, ahead ? ahead : made, first, names,
+                                    error);
     uform_decoded_release(made);
     return status;
 }
@@ -798,7 +829,7 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
         status = uform_pack_rows(packed, config, step->count, step->modalities, &step->contents,
                                  step->temperature_groups,
                                  config->given.objective != uform_objective_contrastive_k ? &hiding : NULL, decoded, 0,
-                                 error);
+                                 &uform_batch_names, error);
     if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
@@ -816,16 +847,18 @@ uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t co
                                        uform_modality_t const* modalities, uform_tape_t const* texts,
                                        uform_tape_t const* choices, size_t first_item, char const** error) {
     size_t count = texts->count;
-    uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
+    uform_status_t status = uform_items_count(config, count, modalities, first_item, &uform_choose_names, error);
     if (status != uform_status_success_k) return status;
     memset(packed->sides, 0, count);
     status = uform_choices_check(packed, config, count, modalities, choices, NULL, first_item, "choices", error);
     for (size_t i = 0; status == uform_status_success_k && i != count; ++i)
         if (!uform_choices_of(packed, i))
             status = UFORM_INVALID("choices[%zu]: empty; every text needs at least one byte to choose from", first_item + i);
-    if (status == uform_status_success_k) status = uform_contents_check(packed->offsets, texts, count, first_item, error);
     if (status == uform_status_success_k)
-        status = uform_pack_rows(packed, config, count, modalities, texts, NULL, NULL, NULL, first_item, error);
+        status = uform_contents_check(packed->offsets, texts, count, first_item, &uform_choose_names, error);
+    if (status == uform_status_success_k)
+        status = uform_pack_rows(packed, config, count, modalities, texts, NULL, NULL, NULL, first_item,
+                                 &uform_choose_names, error);
     if (status == uform_status_success_k) uform_choice_positions(packed);
     return status;
 }
@@ -835,10 +868,12 @@ uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t con
                                       uform_late_interaction_side_t const* sides, uform_decoded_s const* decoded,
                                       size_t first_item, char const** error) {
     size_t count = contents->count;
-    uform_status_t status = uform_items_count(config, count, modalities, first_item, error);
-    if (status == uform_status_success_k) status = uform_contents_check(packed->offsets, contents, count, first_item, error);
+    uform_status_t status = uform_items_count(config, count, modalities, first_item, &uform_encoder_names, error);
+    if (status == uform_status_success_k)
+        status = uform_contents_check(packed->offsets, contents, count, first_item, &uform_encoder_names, error);
     if (status != uform_status_success_k) return status;
     packed->choices_count = 0;
     for (size_t i = 0; i != count; ++i) packed->sides[i] = sides ? (uint8_t)sides[i] : 0; /* checked by the caller */
-    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, decoded, first_item, error);
+    return uform_pack_rows(packed, config, count, modalities, contents, NULL, NULL, decoded, first_item,
+                           &uform_encoder_names, error);
 }

@@ -184,10 +184,11 @@ typedef struct uform_decoded_s {
 } uform_decoded_s;
 
 /** Decodes the media among `count` items on every core, from contents whose offsets were checked into
- *  `offsets`; messages count items from `first`. Answers NULL in `decoded` when no item is media. */
+ *  `offsets`; messages name an item `name[first + i]`, as the caller knows it (`batch.contents`, `contents`).
+ *  Answers NULL in `decoded` when no item is media. */
 uform_status_t uform_decoded_make(uform_config_t const* config, size_t count, uform_modality_t const* modalities,
                                   uform_tape_t const* contents, uint64_t const* offsets, size_t first,
-                                  uform_decoded_s** decoded, char const** error);
+                                  char const* name, uform_decoded_s** decoded, char const** error);
 /** Frees what `uform_decoded_make` made; NULL is ignored. */
 void uform_decoded_release(uform_decoded_s* decoded);
 

@@ -121,7 +121,8 @@ static uform_status_t uform_encoder_decode(uform_encoder_s const* encoder, uform
         if (offsets[i + 1] <= offsets[i] || offsets[i + 1] > part.size) bad = i;
     uform_status_t status = uform_status_success_k;
     if (bad == count)
-        status = uform_decoded_make(&encoder->config, count, modalities + first, &part, offsets, first, decoded, error);
+        status = uform_decoded_make(&encoder->config, count, modalities + first, &part, offsets, first, "contents",
+                                    decoded, error);
     else if (strict)
         status = uform_fail(error, uform_status_invalid_argument_k,
                             "contents.offsets[%zu]: changed while the encoder read them", first + bad + 1);
@@ -203,7 +204,7 @@ static uform_status_t uform_encoder_choices(uform_encoder_s* encoder, uform_enco
         status = uform_batch_pack_choose(packed, &encoder->config, modalities, &texts, &choices, first, error);
         if (status != uform_status_success_k) break;
         if (packed->choice_snapshot[0] < base) {
-            status = uform_fail(error, uform_status_invalid_argument_k, "choose.choices.offsets[%zu]: below offsets[0]",
+            status = uform_fail(error, uform_status_invalid_argument_k, "choices.offsets[%zu]: below choices.offsets[0]",
                                 first);
             break;
         }
@@ -246,7 +247,7 @@ static uform_status_t uform_encoder_media_rows(uform_encoder_s const* encoder, u
                                                  &decoded, error);
     for (size_t i = 0; decoded && i != count; ++i)
         if (decoded->values[i]) {
-            rows[i] = (uint64_t)decoded->grids[i].frames * decoded->grids[i].rows * decoded->grids[i].columns;
+            rows[i] = uform_grid_tokens(&decoded->grids[i]);
             *truncated += decoded->grids[i].truncated != 0;
         }
     uform_decoded_release(decoded);
@@ -317,7 +318,7 @@ static uform_status_t uform_encoder_tokens(uform_encoder_s* encoder, uform_encod
         if (status != uform_status_success_k) break;
         if (encoder->packed.tokens_count != tokens->offsets[first + chunk] - tokens->offsets[first])
             return uform_fail(error, uform_status_invalid_argument_k,
-                              "tokens.contents.offsets: changed while the encoder read them (items %zu to %zu)", first,
+                              "contents.offsets: changed while the encoder read them (items %zu to %zu)", first,
                               first + chunk);
         status = uform_model_embed_tokens(replica, &encoder->layout, &encoder->packed);
         if (status == uform_status_success_k)

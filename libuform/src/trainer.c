@@ -343,14 +343,14 @@ uform_status_t uform_trainer_decode(uform_trainer_t handle, uform_trainer_step_t
     if (!offsets) status = uform_fail(error, uform_status_out_of_memory_k, "no memory to read %zu offsets", step->count);
     else status = uform_batch_check_items(&trainer->config, step, offsets, error);
     if (status == uform_status_success_k)
-        status = uform_decoded_make(&trainer->config, step->count, step->modalities, &step->contents, offsets, 0, &made,
-                                    error);
+        status = uform_decoded_make(&trainer->config, step->count, step->modalities, &step->contents, offsets, 0,
+                                    "batch.contents", &made, error);
     free(offsets);
     /* The step packs text beside these tokens too; media alone past the batch's room need not wait for it. */
     uform_batch_shape_t const* shape = &trainer->config.given.batch;
     size_t tokens = 0, room = (size_t)shape->max_rows_per_device * shape->max_columns_per_row;
     for (size_t i = 0; made && i != made->count; ++i)
-        tokens += (size_t)made->grids[i].frames * made->grids[i].rows * made->grids[i].columns;
+        tokens += uform_grid_tokens(&made->grids[i]);
     if (status == uform_status_success_k && tokens > room) {
         status = uform_fail(error, uform_status_invalid_argument_k,
                             "batch.contents: the media alone take %zu tokens, more than config.batch.max_rows_per_device "

@@ -282,13 +282,14 @@ def column_of(group: Group, item: int) -> str:
     return group.columns[item] if item < len(group.columns) else f"item {item}"
 
 
-_ITEM_FIELD = re.compile(r"^batch\.(?:contents|modalities|bags|sides|choices|choice_targets|temperature_groups)\[(\d+)\]"
-                         r"(?:\[\d+\])?: ")
+_ITEM_FIELD = re.compile(r"^(?:batch\.)?(?:contents|modalities|bags|sides|choices|choice_targets|temperature_groups)"
+                         r"\[(\d+)\](?:\[\d+\])?: ")
 
 
 def refused_item(error: BaseException) -> Optional[Tuple[int, str]]:
-    """(item, why) when the library refused a batch for one of its items (`batch.contents[20]: not a readable
-    PNG image: ...`), the item counted over the whole batch as given; None when it faults the batch as a whole."""
+    """(item, why) when the library refused a batch for one of its items (a trainer's `batch.contents[20]: not a
+    readable PNG image: ...`, an encoder's `contents[20]: ...`), the item counted over the whole batch as given;
+    None when it faults the batch as a whole."""
     match = _ITEM_FIELD.match(str(error))
     return (int(match.group(1)), str(error)[match.end():]) if match else None
 

@@ -52,6 +52,11 @@ typedef struct uform_media_grid_t {
     int truncated;    /* nonzero when the item was shrunk or cut to fit max_tokens */
 } uform_media_grid_t;
 
+/** An item's tokens: one per cell of its grid. */
+static inline size_t uform_grid_tokens(uform_media_grid_t const* grid) {
+    return (size_t)grid->frames * grid->rows * grid->columns;
+}
+
 /** Which container or image format the bytes hold, sniffed from magic bytes; 0 = unknown. */
 typedef enum uform_media_format_t {
     uform_media_unknown_k = 0,
