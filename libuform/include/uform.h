@@ -139,7 +139,7 @@ typedef enum uform_negatives_t {
 typedef enum uform_determinism_t {
     uform_determinism_derived_k = 0, /**< Derives `uform_determinism_bitwise_k`. */
     uform_determinism_bitwise_k = 1, /**< Every sum in a fixed order: runs repeat bit for bit. */
-    uform_determinism_fast_k = 2,    /**< A GPU adds attention's query gradients in the order they land: about 3 %
+    uform_determinism_fast_k = 2,    /**< A GPU adds attention's query gradients in the order they land: about 4 %
                                           faster a step, and runs differ in their last bits. The CPU ignores it. */
 } uform_determinism_t;
 
