@@ -439,11 +439,14 @@ def test_cross_entropy(rng):
 
 
 def test_patch_loss(rng):
+    """The targets are a hidden token's values as decoded: the loss normalizes each row (SPEC section 5)."""
     count, width, scale = 5, 48, 0.7
-    predictions, targets = f32(rng, count, width), f32(rng, count, width)
+    predictions, targets = f32(rng, count, width), 3 + 2 * f32(rng, count, width)
+    rows = targets.astype(np.float64)
+    normalized = (rows - rows.mean(1, keepdims=True)) / np.sqrt(rows.var(1, keepdims=True) + 1e-6)
 
     def reference(p):
-        return scale * np.mean((np.asarray(p, np.float64) - targets) ** 2)
+        return scale * np.mean((np.asarray(p, np.float64) - normalized) ** 2)
 
     loss, d_predictions = testing.patch_loss(predictions, targets, scale)
     assert loss * scale == pytest.approx(reference(predictions), rel=1e-6)

@@ -112,6 +112,15 @@ typedef struct uform_update_t {
 #define UFORM_HOST_DEVICE
 #endif
 
+/** A hidden media token's target is its values less their mean, over their spread (MAE's normalized pixels):
+ *  `(v - mean) * scale`, from the values' sum and sum of squares in double, the variance the population's. */
+UFORM_HOST_DEVICE static inline void uform_patch_normalizer(double sum, double squares, size_t width, double* mean,
+                                                            double* scale) {
+    *mean = sum / (double)width;
+    double variance = squares / (double)width - *mean * *mean;
+    *scale = 1.0 / sqrt((variance > 0 ? variance : 0) + 1e-6);
+}
+
 /** Whether any loss ran: a step where none did changes nothing. */
 UFORM_HOST_DEVICE static inline int uform_terms_ran(uform_terms_t terms) {
     int media = 0;

@@ -444,8 +444,8 @@ static uint32_t uform_media_position(int kind, uform_media_grid_t const* grid, u
 }
 
 /* Places an item's decoded tokens from token `start` on: a shown one at its kind's front cursor under the media id,
-   a hidden one at its kind's back cursor, its values normalized over the token as the reconstruction's target,
-   under the mask id. Items write apart from each other, so they are placed on every core at once. */
+   a hidden one at its kind's back cursor under the mask id (the patch loss normalizes it as its target). Items write
+   apart from each other, so they are placed on every core at once. */
 static void uform_place_media(uform_packed_t* packed, uform_config_t const* config, uform_hiding_t const* hiding,
                               uform_decoded_s const* decoded, size_t item, int kind, size_t start,
                               uform_media_runs_t cursor) {
@@ -458,14 +458,7 @@ static void uform_place_media(uform_packed_t* packed, uform_config_t const* conf
         size_t row = hidden ? cursor.hidden_rows++ : cursor.shown_rows++;
         float* to = packed->media_values + (hidden ? cursor.hidden_values : cursor.shown_values);
         *(hidden ? &cursor.hidden_values : &cursor.shown_values) += width;
-        if (hidden) {
-            double sum = 0, squares = 0;
-            for (size_t j = 0; j != width; ++j) sum += values[j], squares += (double)values[j] * values[j];
-            double mean = sum / (double)width, variance = squares / (double)width - mean * mean;
-            double scale = 1.0 / sqrt((variance > 0 ? variance : 0) + 1e-6);
-            for (size_t j = 0; j != width; ++j) to[j] = (float)(((double)values[j] - mean) * scale);
-        } else
-            memcpy(to, values, width * sizeof(float));
+        memcpy(to, values, width * sizeof(float));
         packed->media_rows[row] = (uint32_t)(start + p);
         packed->ids[start + p] = hidden ? uform_mask_id_k : uform_media_id_k;
         packed->positions[start + p] = uform_media_position(kind, grid, p);

@@ -148,8 +148,8 @@ typedef struct uform_packed_t {
     uint8_t* late_cells;         /* (capacity edges) attract or repel */
     uint8_t* sides;              /* (capacity segments) each item's side, read once; none without late interaction */
     /* Media tokens (patches, tubelets, chunks), as the device reads them: the shown ones of each kind, in kind
-       order, from the front of `media_values` and `media_rows`, the hidden ones (their values normalized per
-       token: the targets) from the back, so each kind's shown and hidden tokens are contiguous runs. */
+       order, from the front of `media_values` and `media_rows`, the hidden ones (the targets, which the patch loss
+       normalizes) from the back, so each kind's shown and hidden tokens are contiguous runs. */
     size_t media_shown[uform_media_kinds_k], media_hidden[uform_media_kinds_k]; /* tokens of each kind */
     size_t widths[uform_media_kinds_k], widest; /* floats in a token of each kind, and the most */
     size_t tokens_capacity;      /* rows x columns: where the back of `media_rows` ends */

@@ -1,7 +1,9 @@
 /**
  *  @file   patch_loss.c
  *  @brief  Masked reconstruction's mean squared error over predicted patches (count, width)
- *          against their targets, and its gradient, written.
+ *          against their targets, and its gradient, written. Each target row is the hidden token's
+ *          values as decoded, normalized here over the row (`(v - mean) / sqrt(var + 1e-6)`, in
+ *          double, each value rounded once to float32), so the host only copies them.
  */
 #include "ram.h"
 
@@ -22,9 +24,12 @@ uform_status_t uform_ram_patch_loss(void* context, double* loss, void* d_predict
 #pragma omp parallel for num_threads(uform_ram_threads(context)) schedule(static)
         for (size_t index = 0; index < rows; ++index) {
             size_t at = (first + index) * width;
-            double sum = 0;
+            double mean, scale, sum = 0, squares = 0;
+            for (size_t j = 0; j < width; ++j) sum += targets[at + j], squares += (double)targets[at + j] * targets[at + j];
+            uform_patch_normalizer(sum, squares, width, &mean, &scale);
+            sum = 0;
             for (size_t j = 0; j < width; ++j) {
-                float difference = predictions[at + j] - targets[at + j];
+                float difference = predictions[at + j] - (float)(((double)targets[at + j] - mean) * scale);
                 sum += (double)difference * difference;
                 d_predictions[at + j] = factor * difference;
             }

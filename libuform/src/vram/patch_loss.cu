@@ -1,12 +1,14 @@
 /**
  *  @file   patch_loss.cu
  *  @brief  Masked reconstruction's mean squared error over predicted patches (count, width)
- *          against float32 targets into a device double, and its gradient, written. Twin of
+ *          against their targets, each row of the hidden token's values normalized over the row
+ *          here (`uform_patch_normalizer`), into a device double, and its gradient, written. Twin of
  *          `ram/patch_loss.c`.
  *
- *  One warp per row (8 rows a block): lane l takes elements l, l + 32, ... and keeps its sum of
- *  squares in float32; the lanes meet in a fixed butterfly, the row's sum lands in double in the
- *  reduce scratch, and `uform_vram_mean_of_rows` adds the rows in a fixed order. No atomics.
+ *  One warp per row (8 rows a block): lane l takes elements l, l + 32, ... It sums the row's
+ *  values and their squares in double, the lanes meeting in a fixed butterfly, then keeps its sum
+ *  of squared differences in float32; those meet the same way, the row's sum lands in double in
+ *  the reduce scratch, and `uform_vram_mean_of_rows` adds the rows in a fixed order. No atomics.
  */
 #include "vram.h"
 
@@ -21,10 +23,21 @@ __global__ void uform_vram_patch_rows(double* __restrict__ sums, uform_bf16_t* d
     size_t row = (size_t)blockIdx.x * uform_vram_patch_rows_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (row >= count) return; /* whole warps leave together */
+    double values = 0, squares = 0, mean, scale;
+    for (size_t j = lane; j < width; j += 32) {
+        double value = targets[row * width + j];
+        values += value, squares += value * value;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+        values += __shfl_xor_sync(0xFFFFFFFFu, values, offset);
+        squares += __shfl_xor_sync(0xFFFFFFFFu, squares, offset);
+    }
+    uform_patch_normalizer(values, squares, width, &mean, &scale);
     float sum = 0;
     for (size_t j = lane; j < width; j += 32) {
         size_t at = row * width + j;
-        float difference = __bfloat162float(predictions[at]) - targets[at];
+        float difference = __bfloat162float(predictions[at]) - (float)(((double)targets[at] - mean) * scale);
         sum += difference * difference;
         d_predictions[at] = __float2bfloat16_rn(factor * difference);
     }
