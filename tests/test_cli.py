@@ -211,6 +211,32 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert described["note"] == "fine-tuned by hand" and "cursor" not in described
 
 
+def test_info_shows_a_note_of_another_shape_as_text(run, tmp_path, capsys):
+    """Only a note of exactly the shape `uform train` writes is read as a stream's cursor; any other JSON,
+    `"cursor"` key or not, is its writer's own text."""
+    config = run(steps=3)
+    assert cli.main(["train", config]) == 0
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "pairs" / "checkpoints" / "*.safetensors"))
+    written = json.loads(uform.checkpoint_note(checkpoint))
+    assert cli.written_cursor(written) == written["cursor"]
+    notes = ['{"step": 5, "cursor": 3}', '{"cursor": {"epoch": "x"}}', json.dumps(dict(written, step=-1)),
+             json.dumps(dict(written, cursor=dict(written["cursor"], epoch="0"))),
+             json.dumps(dict(written, cursor={k: v for k, v in written["cursor"].items() if k != "skip"})),
+             json.dumps(dict(written, comment="mine")), "[1, 2]"]
+    path = str(tmp_path / "noted.safetensors")
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1))) as trainer:
+        for note in notes:
+            trainer.save(path, note=note)
+            capsys.readouterr()
+            assert cli.main(["info", path]) == 0, note
+            printed = capsys.readouterr().out
+            assert f"note: {note}\n" in printed and "stream:" not in printed, note
+            assert cli.main(["info", path, "--json"]) == 0
+            described = json.loads(capsys.readouterr().out)
+            assert described["note"] == note and "cursor" not in described, note
+
+
 def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     config = run(steps=2)
     assert cli.main(["train", config]) == 0

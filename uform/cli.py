@@ -34,7 +34,7 @@ from .config import Modality, TrainerConfig, enum_member, normalize, real, scala
 from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
 from .data.dataset import refused_item
 from .data.readers import columns_of_first_record
-from .data.stream import UnusableEpochs
+from .data.stream import CURSOR_KEYS, UnusableEpochs
 from .errors import Error, InvalidArgument, Unsupported
 from .logs import RunLog
 
@@ -212,19 +212,41 @@ def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict
     return path
 
 
+def written_cursor(written: Any) -> Optional[Dict[str, Any]]:
+    """The cursor of `written`, a note's JSON, where it has exactly the shape `save_checkpoint` writes
+    (`{"step": N, "cursor": {...}}`, every key of a stream's cursor and no other); None for anything else,
+    which a note of someone else's may be whatever its JSON."""
+    def count(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(written, dict) or set(written) != {"step", "cursor"} or not count(written["step"]):
+        return None
+    cursor = written["cursor"]
+    if not isinstance(cursor, dict) or set(cursor) != set(CURSOR_KEYS):
+        return None
+    shards = cursor["shards"]
+    listed = isinstance(shards, list) and all(isinstance(entry, str) for entry in shards)
+    if not all(count(value) for name, value in cursor.items() if name != "shards") or not (
+            listed or isinstance(shards, str) and shards.startswith("sha256:")):
+        return None
+    return cursor
+
+
 def stream_cursor(checkpoint: str, note: Optional[str]) -> Optional[Dict[str, Any]]:
     """The stream's cursor a checkpoint carries in its `note`, or an older version wrote beside it; None
-    when it has neither, as one written by `Trainer.save` by hand."""
+    when it has neither, as one written by `Trainer.save` by hand, whatever its note says."""
     try:
         written = json.loads(note) if note else None
     except ValueError:  # a note of someone else's
         written = None
-    if isinstance(written, dict) and isinstance(written.get("cursor"), dict):
-        return written["cursor"]
-    if os.path.isfile(cursor_path(checkpoint)):
-        with open(cursor_path(checkpoint), encoding="utf-8") as file:
-            return json.load(file)["cursor"]
-    return None
+    cursor = written_cursor(written)
+    if cursor is None and os.path.isfile(cursor_path(checkpoint)):
+        try:
+            with open(cursor_path(checkpoint), encoding="utf-8") as file:
+                cursor = written_cursor(json.load(file))
+        except ValueError:
+            cursor = None
+    return cursor
 
 
 def read_header(path: str, field_path: str = "CHECKPOINT") -> Tuple[Dict[str, str], Dict[str, Any]]:

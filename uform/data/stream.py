@@ -39,7 +39,8 @@ from .dataset import (BadRecord, Dataset, Group, check_schema, column_of, list_s
                       normalize_dataset, refused_item, text_columns)
 from .readers import READERS
 
-_CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")
+_CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")  # where the stream stands
+CURSOR_KEYS = _CURSOR_FIELDS + ("seed", "shuffle_buffer", "shards")  #: every key of a `StepBatch.cursor`
 
 
 @dataclass
