@@ -197,6 +197,25 @@ def test_saving_keeps_the_checkpoints_note(cpu, tmp_path):
         uform_torch.save(module, dropped, note=5)
 
 
+@pytest.mark.parametrize("note", ["x" * (uform.MAX_NOTE_BYTES + 1), "é" * (uform.MAX_NOTE_BYTES // 2) + "x"])
+def test_a_note_over_the_limit_is_refused_as_trainer_save_refuses_it(cpu, tmp_path, note):
+    path = str(tmp_path / "kept.safetensors")
+    with uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="masked", schedule=dict(steps=10),
+                                          batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
+        trainer.save(path, weights_only=True, note="the old one")
+        with pytest.raises(uform.InvalidArgument) as refused:
+            trainer.save(str(tmp_path / "other.safetensors"), note=note)
+    assert str(refused.value) == f"note: {uform.MAX_NOTE_BYTES + 1} bytes, over the {uform.MAX_NOTE_BYTES} a checkpoint holds"
+    module = uform_torch.load(path)
+    with pytest.raises(uform.InvalidArgument) as also:
+        uform_torch.save(module, path, note=note)
+    assert str(also.value) == str(refused.value)
+    assert uform.checkpoint_note(path) == "the old one"  # the file stays as it was
+    longest = note[:-1] if note.startswith("x") else note[:-2] + "xy"
+    uform_torch.save(module, path, note=longest)
+    assert uform.checkpoint_note(path) == longest
+
+
 def test_bfloat16_stays_close(checkpoints):
     with torch.no_grad():
         exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)

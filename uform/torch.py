@@ -588,8 +588,8 @@ def save(module: Encoder, path: Any, note: Any = _KEEP) -> None:
     loaded with), which `uform.Encoder.load` and `uform.torch.load` read; no run resumes from it.
 
     `note` replaces the module's note (`module.note`, which `load` read from the checkpoint's
-    `__metadata__.note`), as `Trainer.save(path, note=...)` stores one; None or "" stores none.
-    `uform.checkpoint_note(path)` reads it back."""
+    `__metadata__.note`), as `Trainer.save(path, note=...)` stores one, refused as it refuses one (over
+    `uform.MAX_NOTE_BYTES`, say); None or "" stores none. `uform.checkpoint_note(path)` reads it back."""
     if not isinstance(module, Encoder):
         raise InvalidArgument(f"module: expected a uform.torch.Encoder, got {type(module).__name__}")
     note = module.note if note is _KEEP else note
