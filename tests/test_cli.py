@@ -179,7 +179,15 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
     started = [line for line in read_log(folder) if "started" in line]
     assert started[0]["resumed"] is None and started[1]["resumed"].endswith("step-000000009.safetensors")
     assert cli.main(["train", config]) == 0
-    assert "already took its 12 steps" in capsys.readouterr().out
+    assert "already took its 12 steps; raise trainer.schedule.steps above 12" in capsys.readouterr().out
+    assert cli.main(["train", run(steps=5)]) == 0
+    assert f"{folder} is at step 12, past the 5 steps its config asks for; raise trainer.schedule.steps above 12" \
+        in capsys.readouterr().out
+    assert steps_in(folder) == [9, 12]
+    resumed = run("other", steps=4, **{"seed = 3": f'seed = 3\nresume = "{cli.checkpoints_in(folder + "/checkpoints")[-1][1]}"'})
+    assert cli.main(["train", resumed]) == 0
+    assert re.search(r"uform: trainer.resume .*step-000000012.safetensors is at step 12, past the 4 steps",
+                     capsys.readouterr().out)
 
 
 def test_info_describes_a_checkpoint(run, capsys):

@@ -445,7 +445,10 @@ def train(config_path: str) -> int:
             raise InvalidArgument(f"trainer.resume: {trainer_config['resume']}: no such file")
         step = checkpoint_step(trainer_config["resume"], "trainer.resume")  # another run's weights: the data starts over
     if step >= steps:
-        print(f"uform: {folder} already took its {steps} steps; raise trainer.schedule.steps to train on")
+        source = folder if complete else f"trainer.resume {trainer_config['resume']}"
+        done = (f"already took its {steps} steps" if step == steps
+                else f"is at step {step}, past the {steps} steps its config asks for")
+        print(f"uform: {source} {done}; raise trainer.schedule.steps above {step} to train on")
         return 0
     # SIGINT and SIGTERM from here on stop the run cleanly, even before its first step.
     stop = _Stop()
