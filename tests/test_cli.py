@@ -278,6 +278,27 @@ def test_a_config_error_names_its_field_before_any_step(run, capsys):
     assert not os.path.exists(os.path.join(os.path.dirname(run()), "runs"))  # no run folder for a refused config
 
 
+def test_the_trainers_fields_are_named_as_the_toml_file_names_them(run, tmp_path, capsys):
+    """The library names the trainer's config `config.` to Python and C callers, and still does; the command
+    names its fields by the `[trainer]` section they were given in."""
+    assert cli.main(["train", run(**{"[trainer.schedule]": "[trainer.schedule]\nlearning_rate = inf"})]) == 1
+    assert "uform train: trainer.schedule.learning_rate: inf is not in [0, 1]" in capsys.readouterr().err
+    with uform.Executor.for_ram(threads=1) as cpu:
+        with pytest.raises(uform.InvalidArgument, match=r"^config\.schedule\.learning_rate: inf is not in \[0, 1\]"):
+            uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="joint",
+                                             schedule=dict(steps=1, learning_rate=float("inf"))))
+    assert cli.main(["train", run(steps=3)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", run(steps=6, **{"seed = 3": "seed = 4"})]) == 1
+    assert "uform train: trainer.seed: the stream being resumed read seed = 3, now 4" in capsys.readouterr().err
+    kept = uform.InvalidArgument("data.paths[0]: '/data/config.batch/a.jsonl' matches no file")
+    assert cli.as_toml_names(kept) is kept
+    renamed = cli.as_toml_names(uform.InvalidCheckpoint("config.late_interaction.max_query_span: 70 does not fit "
+                                                        "config.batch.max_columns_per_row = 64"))
+    assert type(renamed) is uform.InvalidCheckpoint and str(renamed) == (
+        "trainer.late_interaction.max_query_span: 70 does not fit trainer.batch.max_columns_per_row = 64")
+
+
 def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_does(run, tmp_path):
     steps = 400
     unbroken, broken = run("unbroken", steps=steps, every=1000), run("broken", steps=steps, every=1000)

@@ -418,7 +418,28 @@ def step_scalars(stats: uform.Stats) -> Tuple[Dict[str, Any], Dict[str, float]]:
     return record, scalars
 
 
+# The library and the Python face name the trainer's config `config` (`config.schedule.learning_rate: ...`),
+# as a Python or C caller passes it; a TOML file names it `[trainer]`. A field path, not a file's name.
+_TRAINER_FIELD = re.compile(r"(?<![\w./-])config\.(?=(?:%s)\b)" % "|".join(f.name for f in dataclasses.fields(TrainerConfig)))
+
+
+def as_toml_names(error: Error) -> Error:
+    """`error` with the trainer's fields named as the TOML config names them; itself where it names none."""
+    message = _TRAINER_FIELD.sub("trainer.", str(error))
+    return error if message == str(error) else type(error)(message)
+
+
 def train(config_path: str) -> int:
+    try:
+        return _train(config_path)
+    except Error as error:
+        renamed = as_toml_names(error)
+        if renamed is error:
+            raise
+        raise renamed from None
+
+
+def _train(config_path: str) -> int:
     config = load_config(config_path)
     folder = config.run.folder
     saved_in = os.path.join(folder, "checkpoints")

@@ -171,7 +171,7 @@ class Stream:
             raise InvalidArgument(f"process_index: {self.index} is not below process_count = {self.count}")
         self.capacity = _Capacity(normalized, self.dataset)
         if self.dataset.choices is not None and not self.capacity.choices:
-            raise InvalidArgument("data.choices: the trainer's config.batch.max_choices_per_item is absent, so no "
+            raise InvalidArgument("data.choices: config.batch.max_choices_per_item is absent, so no "
                                   "item may offer choices")
         self.shards = list_shards(self.dataset)
         check_schema(self.dataset, self.shards)
