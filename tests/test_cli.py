@@ -299,6 +299,16 @@ def test_the_trainers_fields_are_named_as_the_toml_file_names_them(run, tmp_path
         "trainer.late_interaction.max_query_span: 70 does not fit trainer.batch.max_columns_per_row = 64")
 
 
+def test_every_minutes_takes_zero_for_by_steps_alone_and_refuses_what_is_no_duration(run, tmp_path, capsys):
+    for value in ("-1", "nan", "inf", "-0.5"):
+        assert cli.main(["train", run(**{"keep = 2": f"keep = 2\nevery_minutes = {value}"})]) == 1
+        assert f"checkpoints.every_minutes: {float(value)} is not a number of minutes, 0 or more" in capsys.readouterr().err
+    assert cli.main(["train", run(steps=5, every=0, **{"keep = 2": "keep = 5\nevery_minutes = 0"})]) == 0
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [5]  # neither by steps nor by time: at the end alone
+    assert cli.main(["train", run(steps=7, every=1000, **{"keep = 2": "keep = 5\nevery_minutes = 1e-9"})]) == 0
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [5, 6, 7]  # a moment passes between steps
+
+
 def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_does(run, tmp_path):
     steps = 400
     unbroken, broken = run("unbroken", steps=steps, every=1000), run("broken", steps=steps, every=1000)

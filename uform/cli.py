@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -54,6 +55,13 @@ def _text(value: Any, path: str) -> str:
     return value
 
 
+def _minutes(value: Any, path: str) -> float:
+    minutes = real(value, path)
+    if not (math.isfinite(minutes) and minutes >= 0):
+        raise InvalidArgument(f"{path}: {minutes} is not a number of minutes, 0 or more (0 saves by steps alone)")
+    return minutes
+
+
 def _as_given(value: Any, path: str) -> Any:
     return value  # checked where it is read, as [data]'s fields are
 
@@ -76,8 +84,9 @@ class Run:
 class Checkpoints:
     """When a run saves, and how many checkpoints it keeps."""
 
-    every_steps: Optional[int] = _field(_count, "Save every this many steps.", default=None)
-    every_minutes: Optional[float] = _field(real, "Save when this many minutes passed.", default=30.0)
+    every_steps: Optional[int] = _field(_count, "Save every this many steps; 0 or absent: not by steps.", default=None)
+    every_minutes: Optional[float] = _field(_minutes, "Save when this many minutes passed since the last save; "
+                                            "0: not by time.", default=30.0)
     keep: int = _field(_count, "The newest checkpoints kept; older ones are deleted.", default=3)
 
 
@@ -88,7 +97,8 @@ class Evaluation:
     paths: Sequence[str] = _field(_as_given, "Held-out files, folders or glob patterns.")
     columns: Optional[Mapping] = _field(_as_given, "Two columns; absent: [data]'s first two.", default=None)
     format: Optional[str] = _field(_text, "As [data].format.", default=None)
-    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end.", default=None)
+    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end; 0 or absent: at the end alone.",
+                                       default=None)
     max_records: int = _field(_count, "Held-out records read at most.", default=1000)
 
 
@@ -530,7 +540,7 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
             bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
                             bad=bad, refresh=False)
             bar.update(step - bar.n)
-            minutes = every.every_minutes is not None and time.monotonic() - saved_time >= 60 * every.every_minutes
+            minutes = bool(every.every_minutes) and time.monotonic() - saved_time >= 60 * every.every_minutes
             if (every.every_steps and step % every.every_steps == 0) or minutes:
                 save_checkpoint(trainer, saved_in, step, cursor, every.keep)
                 saved_step, saved_time = step, time.monotonic()
