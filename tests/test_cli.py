@@ -267,6 +267,21 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     np.testing.assert_allclose(halves, expected, atol=1e-3)
 
 
+def test_without_pyarrow_parquet_names_the_package_to_install(run, tmp_path, capsys, monkeypatch):
+    config = run(steps=1)
+    assert cli.main(["train", config]) == 0
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "pairs" / "checkpoints" / "*.safetensors"))
+    (tmp_path / "held-out.parquet").write_bytes(b"PAR1")
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)  # as where it is not installed
+    capsys.readouterr()
+    source = str(tmp_path / "held-out.jsonl")
+    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.parquet"), "--column", "answer"]) == 1
+    assert "uform embed: OUTPUT: writing Parquet needs pyarrow: pip install pyarrow\n" == capsys.readouterr().err
+    assert cli.main(["embed", checkpoint, str(tmp_path / "held-out.parquet"), str(tmp_path / "out.npy")]) == 1
+    assert "reading Parquet needs pyarrow: pip install pyarrow\n" in capsys.readouterr().err
+
+
 def test_a_config_error_names_its_field_before_any_step(run, capsys):
     for replace, message in (({'answer = "text"': 'answr = "text"'}, "data.columns.answr: .*has no column 'answr'"),
                              ({"keep = 2": "keep = 2\nkept = 3"}, "checkpoints.kept: unknown field"),

@@ -685,7 +685,7 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
         import pyarrow
         import pyarrow.parquet
     except ImportError:
-        raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install 'uform[parquet]'") from None
+        raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install pyarrow") from None
     values = pyarrow.array(embeddings.reshape(-1))
     column = pyarrow.FixedSizeListArray.from_arrays(values, embeddings.shape[1])
     pyarrow.parquet.write_table(pyarrow.table({"location": locations, "embedding": column}), path)

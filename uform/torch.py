@@ -16,7 +16,9 @@ pooling, so padding never changes a result. Positions restart at zero in each it
 the library: a text byte's and an audio chunk's are their index, an image patch's its (row, column)
 and a video tubelet's its (time, row, column), each turning its own rotary pairs.
 
-PyTorch is an optional extra (`pip install "uform[torch]"`): `import uform` never imports it.
+PyTorch is an optional extra (`pip install torch`, or `pip install ".[torch]"` from a checkout; on a machine
+without a GPU, `pip install torch --index-url https://download.pytorch.org/whl/cpu` takes the CPU build):
+`import uform` never imports it.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ try:
     import torch.nn.functional as F
     from torch import nn
 except ImportError as error:  # the core package works without it; only this module needs it
-    raise ImportError(f"uform.torch needs PyTorch, an optional extra: pip install \"uform[torch]\" ({error})") from None
+    raise ImportError(f"uform.torch needs PyTorch: pip install torch (the CPU build: pip install torch --index-url "
+                      f"https://download.pytorch.org/whl/cpu) ({error})") from None
 
 from safetensors import safe_open
 from safetensors.torch import save_file
