@@ -202,6 +202,12 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert cli.main(["info", checkpoint, "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["step"] == 3 and described["config"]["hidden"] == 128 and described["cursor"]["batch"] == 3
+    named = described["config"]  # as the TOML file and Python take them, not the C library's numbers
+    assert (named["objective"], named["determinism"], named["contrastive"]["negatives"]) == ("joint", "bitwise", "ambient")
+    assert (named["contrastive"]["pair_loss"], named["late_interaction"]["pair_loss"]) == ("sigmoid", "ranked")
+    assert '"objective": "joint"' in printed and '"pair_loss": "sigmoid"' in printed
+    given = {name: named[name] for name in ("depth", "hidden", "objective", "determinism", "contrastive", "late_interaction")}
+    assert uform.config.normalize(uform.TrainerConfig, dict(given, schedule=dict(steps=1)), "config")["objective"] == 3
     assert json.loads(described["note"]) == dict(step=3, cursor=described["cursor"])
     assert described["tensors"]["text.embedding"]["shape"] == [260, 128]
     weights = safetensors.numpy.load_file(checkpoint)

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 import uform
-from .config import Modality, TrainerConfig, enum_member, normalize, real, scalar_member, unsigned
+from .config import Modality, TrainerConfig, enum_member, enum_names, normalize, real, scalar_member, unsigned
 from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
 from .data.dataset import refused_item
 from .data.readers import columns_of_first_record
@@ -697,12 +697,18 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
 
 
 def describe(path: str) -> Dict[str, Any]:
-    """What `uform info` prints: the checkpoint's step, geometry, config and tensors, and its note and the
-    stream's cursor if any."""
+    """What `uform info` prints: the checkpoint's step, geometry, config (enumerations by name) and tensors,
+    and its note and the stream's cursor if any."""
     metadata, tensors = read_header(path, "CHECKPOINT")
     if "config" not in metadata:
         raise InvalidArgument(f"CHECKPOINT: {path}: its __metadata__ holds no config; it is no uform checkpoint")
-    config = json.loads(metadata["config"])
+    try:
+        config = json.loads(metadata["config"])
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"CHECKPOINT: {path}: its __metadata__.config is no JSON object")
+    config = enum_names(TrainerConfig, config)  # "objective": "joint", as a TOML file gives it, not the C number
     moments = ("adamw.first.", "adamw.second.")
     weights = {name: entry for name, entry in tensors.items() if not name.startswith(moments)}
     described = dict(
