@@ -289,6 +289,30 @@ def test_bad_inputs_are_refused_by_name(checkpoints):
         plain.text_choose(["a", ""], ["yn", "yn"])
 
 
+def test_tensor_level_inputs_are_refused_naming_the_argument_and_the_limit(checkpoints):
+    """What PyTorch would answer with an error of its own (a size mismatch, an index out of range) or with
+    NaN (an empty item) is refused up front, for every tensor-level verb."""
+    module = uform_torch.load(checkpoints["late"])
+    tokens, lengths, _ = module.tokenize(["red panda", "bamboo"])
+    wide = torch.zeros((2, module.max_columns_per_row + 1), dtype=torch.int64)
+    cases = [((wide, torch.tensor([3, 3])), r"^tokens: 65 positions a row, over the checkpoint's max_columns_per_row = 64$"),
+             ((tokens.masked_fill(tokens == ord("b"), 300), lengths), r"^tokens\[1, 0\]: 300 is not an id in \[0, 260\)"),
+             ((tokens.masked_fill(tokens == ord("d"), -1), lengths), r"^tokens\[0, 2\]: -1 is not an id in \[0, 260\)"),
+             ((tokens, torch.tensor([9, 0])), r"^lengths\[1\]: 0 is not in \[1, seq = 9\]; every item has at least one"),
+             ((tokens, torch.tensor([10, 6])), r"^lengths\[0\]: 10 is not in \[1, seq = 9\]"),
+             ((tokens, lengths[:1]), r"^lengths: 1 entries, expected one per row of tokens = 2$"),
+             ((tokens.float(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.float32"),
+             ((tokens[0], lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.int64 of shape \(9,\)"),
+             ((tokens.tolist(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got list$")]
+    with torch.no_grad():
+        for verb in (module.forward, module.states, module.token_vectors, module.choice_logits):
+            for arguments, message in cases:
+                with pytest.raises(uform.InvalidArgument, match=message):
+                    verb(*arguments)
+        padded = torch.cat([tokens, torch.full((2, 3), uform_torch.MEDIA_ID)], dim=1)  # any id pads
+        assert torch.allclose(module(padded, lengths), module(tokens, lengths), atol=1e-6)
+
+
 def test_onnx_export_computes_the_same(checkpoints, tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")  # torch.onnx's exporter writes the graph through it

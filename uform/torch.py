@@ -109,6 +109,13 @@ def _media_rotary(modality: Modality, count: int, grid: Tuple[int, int, int]) ->
     return token * PAIRS + pair  # an audio chunk turns as a text byte at its index
 
 
+def _tracing() -> bool:
+    """Whether a trace, a compilation or an export is recording the call, where tensors hold no values to read."""
+    compiler = getattr(torch, "compiler", None)
+    return torch.jit.is_tracing() or any(getattr(compiler, name, lambda: False)()
+                                         for name in ("is_compiling", "is_exporting"))
+
+
 def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
     """x / sqrt(mean(x^2) + 1e-6) * gain, the statistic in float32 whatever the module's dtype."""
     wide = x.float()
@@ -209,9 +216,11 @@ class Encoder(nn.Module):
     """The encoder of a uform checkpoint: `load(path)` makes one.
 
     Tensor-level verbs take `tokens` (batch, seq) int64 ids and `lengths` (batch,) int64, each item
-    in its own row, padded past its length with any id, and, where rows hold media tokens, their
-    `Media`; `tokenize` builds them from texts. Each item attends only within itself, so padding
-    changes nothing, and `seq` may not exceed the checkpoint's `max_columns_per_row`. Item-level
+    in its own row, padded past its length with any id below 260, and, where rows hold media
+    tokens, their `Media`; `tokenize` builds them from texts. Each item attends only within itself, so
+    padding changes nothing. `seq` may not exceed the checkpoint's `max_columns_per_row`, nor an id
+    leave the vocabulary, nor a length leave [1, seq]: each raises `uform.InvalidArgument` naming the
+    argument (the values are read where the call runs eagerly, not under a trace or an export). Item-level
     verbs (`embed`, `embed_tokens`, `text_choose`) answer what `uform.Encoder`'s verbs of those
     names answer. Every verb follows PyTorch's grad mode: wrap inference in `torch.no_grad()` or
     `torch.inference_mode()`. `config`, `step` and `note` are what the checkpoint recorded (`note` None
@@ -251,6 +260,7 @@ class Encoder(nn.Module):
     def states(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """The final-norm states (batch, seq, hidden) every head reads; zero past each length. `media`
         carries the batch's media tokens, where `tokens` holds any."""
+        self._check_tokens(tokens, lengths)
         seq = tokens.shape[1]
         present = torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]  # (batch, seq)
         x = F.embedding(tokens, self.text.embedding)
@@ -266,6 +276,35 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x, keys, cosines, sines)
         return _rmsnorm(x, self.final_norm) * present[..., None].to(x.dtype)
+
+    def _check_tokens(self, tokens: Any, lengths: Any) -> None:
+        """Refuses, naming the argument and the limit, what PyTorch would answer with an error of its own or,
+        for an empty item, with NaN. The values are read only when the call runs eagerly: a trace or an export
+        records the shapes alone (and bounds `seq` by its dynamic shapes)."""
+        for name, value, dimensions in (("tokens", tokens, ("batch", "seq")), ("lengths", lengths, ("batch",))):
+            if not isinstance(value, torch.Tensor):
+                raise InvalidArgument(f"{name}: expected a ({', '.join(dimensions)}) tensor of int64, got {type(value).__name__}")
+            if value.dim() != len(dimensions) or value.dtype not in (torch.int64, torch.int32):
+                raise InvalidArgument(f"{name}: expected a ({', '.join(dimensions)}) tensor of int64, got {value.dtype} of shape "
+                                      f"{tuple(value.shape)}")
+        batch, seq = tokens.shape
+        if lengths.shape[0] != batch:
+            raise InvalidArgument(f"lengths: {lengths.shape[0]} entries, expected one per row of tokens = {batch}")
+        if seq > self.max_columns_per_row:
+            raise InvalidArgument(f"tokens: {seq} positions a row, over the checkpoint's max_columns_per_row = "
+                                  f"{self.max_columns_per_row}")
+        if _tracing() or batch == 0:
+            return
+        shortest, longest = int(lengths.min()), int(lengths.max())
+        if shortest < 1 or longest > seq:
+            at = int(lengths.argmin()) if shortest < 1 else int(lengths.argmax())
+            raise InvalidArgument(f"lengths[{at}]: {int(lengths[at])} is not in [1, seq = {seq}]; every item has at "
+                                  "least one token, and no more than its row")
+        outside = (tokens < 0) | (tokens >= VOCABULARY)
+        if seq and bool(outside.any()):
+            row, position = (int(k) for k in outside.nonzero()[0])
+            raise InvalidArgument(f"tokens[{row}, {position}]: {int(tokens[row, position])} is not an id in "
+                                  f"[0, {VOCABULARY}), the checkpoint's vocabulary (padding included)")
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """Pooled embeddings (batch, hidden): the mean of each item's final states, unit-norm."""
