@@ -216,6 +216,20 @@ def test_a_note_over_the_limit_is_refused_as_trainer_save_refuses_it(cpu, tmp_pa
     assert uform.checkpoint_note(path) == longest
 
 
+def test_a_file_that_cannot_be_read_raises_storage_error_as_the_library_does(cpu, tmp_path):
+    for path in (str(tmp_path / "missing.safetensors"), str(tmp_path)):
+        with pytest.raises(uform.StorageError) as library:
+            uform.Encoder.load(path, cpu)
+        with pytest.raises(uform.StorageError) as ours:
+            uform_torch.load(path)
+        assert str(ours.value) == str(library.value)
+        assert str(ours.value) == (f"path: cannot open {path}: No such file or directory" if path.endswith("missing.safetensors")
+                                   else f"path: {path} is not a regular file")
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    with pytest.raises(uform.InvalidCheckpoint):  # readable, but no checkpoint
+        uform_torch.load(str(tmp_path / "empty.safetensors"))
+
+
 def test_bfloat16_stays_close(checkpoints):
     with torch.no_grad():
         exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)

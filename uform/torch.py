@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 try:
@@ -39,7 +40,7 @@ from safetensors.torch import save_file
 
 from . import _note_bytes, media_tokens
 from .config import LateInteractionSide, Modality, enum_member
-from .errors import InvalidArgument, InvalidCheckpoint, Unsupported
+from .errors import InvalidArgument, InvalidCheckpoint, StorageError, Unsupported
 
 __all__ = ["Encoder", "Tokenized", "Media", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID", "MEDIA_ID"]
 
@@ -590,15 +591,32 @@ def _check_names(where: str, names: Sequence[str], expected: dict, weights_only:
                                             f"the moment adamw.{kind}.{name}")
 
 
+def _check_opens(name: Any) -> None:
+    """A file that cannot be read raises `StorageError`, as the library's readers (`uform.Encoder.load`,
+    `uform.checkpoint_note`) raise it, with their words; what it holds is judged after."""
+    try:
+        descriptor = os.open(name, os.O_RDONLY)
+    except OSError as error:
+        raise StorageError(f"path: cannot open {os.fsdecode(name)}: {error.strerror}") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    finally:
+        os.close(descriptor)
+    if not regular:
+        raise StorageError(f"path: {os.fsdecode(name)} is not a regular file")
+
+
 def load(path: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> Encoder:
     """Reads a checkpoint written by `Trainer.save` (whole or weights-only) into an `Encoder` module,
     in eval mode, on `device` (default CPU) in `dtype` (default float32, the checkpoint's own).
 
     Only the weights are read. The file's config and tensors are checked as `uform.Encoder.load`
     checks them, and anything this module does not implement (another modality's weights, an
-    unknown head) is refused by name: `uform.InvalidCheckpoint` or `uform.Unsupported`.
+    unknown head) is refused by name: `uform.InvalidCheckpoint` or `uform.Unsupported`. A file that
+    cannot be opened, or is no regular file, raises `uform.StorageError`, as `uform.Encoder.load` does.
     """
     where = f"path: {os.fspath(path)!s}"
+    _check_opens(os.fspath(path))
     try:
         opened = safe_open(os.fspath(path), framework="pt", device="cpu")
     except Exception as error:  # safetensors raises its own types for unreadable headers
