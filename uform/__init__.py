@@ -172,6 +172,9 @@ def media_tokens(modality: Any, content: Any, shape: Any = None) -> MediaTokens:
     of its files, raise `InvalidArgument` naming `modality` or `bytes`.
     """
     kind = enum_member(Modality, modality, "modality")
+    if kind is Modality.TEXT:  # named as given: the C library's message would give its numbers
+        raise InvalidArgument(f"modality: {kind.value if isinstance(modality, Modality) else modality!r} is not a "
+                              "media modality (image, video or audio)")
     if isinstance(content, str) or not isinstance(content, (bytes, bytearray, memoryview, np.ndarray)):
         raise InvalidArgument(f"content: expected the encoded file as bytes, got {type(content).__name__}")
     data = np.frombuffer(content, np.uint8) if not isinstance(content, np.ndarray) else content
