@@ -552,6 +552,24 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
 
 
+def test_evaluation_columns_may_name_two_of_the_datas_columns_in_a_list(run, tmp_path, capsys):
+    listed = run(**{"[evaluation]": '[evaluation]\ncolumns = ["answer", "question"]'})
+    config = cli.load_config(listed)
+    assert config.evaluation.columns == {"answer": uform.Modality.TEXT, "question": uform.Modality.TEXT}
+    assert cli.main(["train", run(steps=4, **{"[evaluation]": '[evaluation]\ncolumns = ["answer", "question"]'})]) == 0
+    (evaluation,) = [line["evaluation"] for line in read_log(tmp_path / "runs" / "pairs") if "evaluation" in line]
+    assert set(evaluation) == {"answer->question", "question->answer"}
+    for columns, message in (('["answer", "passage"]', r"evaluation.columns\[1\]: 'passage' is none of \[data\]'s "
+                                                      r"columns \('question', 'answer'\), so its modality is unknown"),
+                             ('["answer"]', "evaluation.columns: retrieval needs two columns, a query's and its "
+                                            "target's; got 1"),
+                             ("[1, 2]", r"evaluation.columns\[0\]: expected a column name, got int"),
+                             ('"answer"', "evaluation.columns: expected a list of two of \\[data\\]'s columns or a "
+                                          "table of column = modality, got str")):
+        with pytest.raises(uform.InvalidArgument, match=message):
+            cli.load_config(run(**{"[evaluation]": f"[evaluation]\ncolumns = {columns}"}))
+
+
 def test_help_lists_every_section_but_the_trainers_field_by_field(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])

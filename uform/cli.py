@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -95,7 +95,9 @@ class Evaluation:
     """Retrieval on a held-out split: each record's first column finds its second, and back."""
 
     paths: Sequence[str] = _field(_as_given, "Held-out files, folders or glob patterns.")
-    columns: Optional[Mapping] = _field(_as_given, "Two columns; absent: [data]'s first two.", default=None)
+    columns: Union[Sequence[str], Mapping, None] = _field(
+        _as_given, "Two columns: a list of two of [data]'s, or a table of column = modality; absent: [data]'s first two.",
+        default=None)
     format: Optional[str] = _field(_text, "As [data].format.", default=None)
     every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end; 0 or absent: at the end alone.",
                                        default=None)
@@ -120,6 +122,27 @@ def _plain_section(kind: type, value: Any, path: str) -> Any:
         elif f.default is dataclasses.MISSING:
             raise InvalidArgument(f"{path}.{name}: missing; {f.metadata['doc']}")
     return kind(**given)
+
+
+def _evaluation_columns(columns: Any, data: Dataset) -> Any:
+    """`[evaluation] columns` as a table of column = modality: as given, or named in a list with the modalities
+    `[data]` gives them, or absent, `[data]`'s first two columns."""
+    if columns is None:
+        return dict(list(data.columns.items())[:2])
+    if isinstance(columns, Mapping):
+        return columns  # checked as [data]'s are
+    if not isinstance(columns, list):
+        raise InvalidArgument(f"evaluation.columns: expected a list of two of [data]'s columns or a table of "
+                              f"column = modality, got {type(columns).__name__}")
+    known = {**data.negatives, **data.columns}
+    for number, name in enumerate(columns):
+        if not isinstance(name, str):
+            raise InvalidArgument(f"evaluation.columns[{number}]: expected a column name, got {type(name).__name__}")
+        if name not in known:
+            raise InvalidArgument(f"evaluation.columns[{number}]: {name!r} is none of [data]'s columns "
+                                  f"({', '.join(map(repr, known))}), so its modality is unknown; give it in a table, "
+                                  f"columns = {{ {name} = \"text\", ... }}")
+    return {name: known[name] for name in columns}
 
 
 @dataclass
@@ -161,7 +184,7 @@ def load_config(path: str) -> TrainConfig:
     evaluation = None
     if "evaluation" in sections:
         evaluation = _plain_section(Evaluation, sections["evaluation"], "evaluation")
-        columns = evaluation.columns if evaluation.columns is not None else dict(list(data.columns.items())[:2])
+        columns = _evaluation_columns(evaluation.columns, data)
         checked = normalize_dataset(dict(paths=evaluation.paths, columns=columns, format=evaluation.format), "evaluation")
         if len(checked.columns) != 2:
             raise InvalidArgument(f"evaluation.columns: retrieval needs two columns, a query's and its target's; "
