@@ -258,6 +258,10 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     source = str(tmp_path / "held-out.jsonl")
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy")]) == 1
     assert "--column: " in capsys.readouterr().err
+    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answr"]) == 1
+    assert capsys.readouterr().err == (f"uform embed: --column: {source}'s first record has no column 'answr' "
+                                       "(it has 'question', 'answer')\n")
+    assert not os.path.exists(tmp_path / "out.npy")
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answer", "--chunk", "5"]) == 0
     vectors = np.load(tmp_path / "out.npy")
     answers = [json.loads(line)["answer"] for line in open(source)]
@@ -544,6 +548,10 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
              (["train", run("mislabelled", **{'[evaluation]': '[evaluation]\ncolumns = { question = "image", answer = "text" }'})],
               r"evaluation.paths: 0 usable records; retrieval needs at least two; 12 bad, the first: "
               r".*held-out.jsonl:0: 'question' names no file"),
+             (["train", run("none", **{"[evaluation]": "[evaluation]\nmax_records = 0"})],
+              r"^uform train: evaluation.max_records: 0; retrieval needs at least two records$"),
+             (["train", run("one", **{"[evaluation]": "[evaluation]\nmax_records = 1"})],
+              r"^uform train: evaluation.max_records: 1; retrieval needs at least two records$"),
              (["info", "nope.safetensors"], r"uform info: CHECKPOINT: nope.safetensors: No such file"),
              (["embed", "nope.safetensors", "in.jsonl", "out.npy"], r"CHECKPOINT: nope.safetensors: no such file")]
     for argv, message in cases:

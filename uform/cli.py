@@ -33,7 +33,7 @@ import numpy as np
 import uform
 from .config import Modality, TrainerConfig, enum_member, enum_names, normalize, real, scalar_member, unsigned
 from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
-from .data.dataset import refused_item
+from .data.dataset import check_columns, refused_item
 from .data.readers import columns_of_first_record
 from .data.stream import CURSOR_KEYS, UnusableEpochs
 from .errors import Error, InvalidArgument, Unsupported
@@ -101,7 +101,7 @@ class Evaluation:
     format: Optional[str] = _field(_text, "As [data].format.", default=None)
     every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end; 0 or absent: at the end alone.",
                                        default=None)
-    max_records: int = _field(_count, "Held-out records read at most.", default=1000)
+    max_records: int = _field(_count, "Held-out records read at most; 2 or more.", default=1000)
 
 
 _SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints}
@@ -195,6 +195,8 @@ def load_config(path: str) -> TrainConfig:
         raise InvalidArgument(f"run.device: {run.device!r} is not one of 'auto', 'gpu', 'cpu'")
     stem = os.path.splitext(os.path.basename(path))[0]
     run.folder = resolve(run.folder) if run.folder is not None else os.path.join(here, "runs", stem)
+    if evaluation is not None and evaluation.max_records < 2:
+        raise InvalidArgument(f"evaluation.max_records: {evaluation.max_records}; retrieval needs at least two records")
     checkpoints = _plain_section(Checkpoints, sections.get("checkpoints", {}), "checkpoints")
     if checkpoints.keep < 1:
         raise InvalidArgument("checkpoints.keep: 0; a run keeps at least its newest checkpoint")
@@ -659,6 +661,9 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
             raise InvalidArgument(f"--column: {source} has {len(offered)} columns ({', '.join(offered)}); name the one "
                                   "to embed")
         column = offered[0]
+    else:  # named as `uform train` names a column the data lacks, the columns it has listed
+        check_columns(list_shards(normalize_dataset(dict(paths=[source], columns={column: "text"}, format=layout))),
+                      [("--column", column)])
     kind = enum_member(Modality, modality, "--modality") if modality else _column_modality(column)
     if not modality and kind == Modality.TEXT:  # a table's column of file paths holds media, not text
         first = next(iter(records(normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout)))), None)

@@ -190,6 +190,10 @@ class Stream:
             return fresh
         if not isinstance(cursor, dict):
             raise InvalidArgument(f"cursor: expected a dict, got {type(cursor).__name__}")
+        missing = [name for name in CURSOR_KEYS if name not in cursor]
+        if missing:
+            raise InvalidArgument(f"cursor: lacks {', '.join(missing)}; a StepBatch.cursor holds every one of "
+                                  f"{', '.join(CURSOR_KEYS)}")
         for name in ("seed", "shuffle_buffer"):
             if cursor.get(name) != fresh[name]:
                 field_path = "config.seed" if name == "seed" else f"data.{name}"
