@@ -107,6 +107,11 @@ class LateInteractionSide(enum.IntEnum):
 # ---------------------------------------------------------------------------------------------- #
 
 
+def article(noun: str) -> str:
+    """`noun` after "a" or "an", as its first letter sounds: "a Modality", "an Objective"."""
+    return f"{'an' if noun[:1].lower() in ('a', 'e', 'i', 'o', 'u') else 'a'} {noun}"
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -301,7 +306,7 @@ def enum_member(enumeration: type, value: Any, path: str) -> enum.Enum:
             pass
     if member is None:
         names = _names(enumeration)
-        raise InvalidArgument(f"{path}: {_describe(value)} is not a {enumeration.__name__} (one of {names})")
+        raise InvalidArgument(f"{path}: {_describe(value)} is not {article(enumeration.__name__)} (one of {names})")
     return member
 
 
@@ -342,7 +347,7 @@ def normalize(kind: type, value: Any, path: str) -> dict:
                 raise InvalidArgument(f"{path}.{key}: unknown field")
         given = value
     else:
-        raise InvalidArgument(f"{path}: expected a {kind.__name__} or a dict, got {type(value).__name__}")
+        raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
     return {f.name: _kind(f)(given.get(f.name), f"{path}.{f.name}") for f in fields}
 
 
