@@ -611,7 +611,8 @@ class Trainer(_OnExecutor):
         The file is written beside `path` and renamed into place, so a crash keeps the previous one.
         `weights_only=True` leaves the moments out, for release: a third of the size, loaded by
         `Encoder.load`, refused by `resume` (`InvalidCheckpoint`). `note`, text of at most
-        `MAX_NOTE_BYTES` (1 MiB) as UTF-8, rides in the file's metadata for `checkpoint_note` to read back; empty is none.
+        `MAX_NOTE_BYTES` (1 MiB) as UTF-8, rides in the file's metadata for `checkpoint_note` to read
+        back; empty is none.
         """
         call = self._save_call(path, weights_only, note)
         self._worker().run(call)

@@ -96,11 +96,11 @@ class Evaluation:
 
     paths: Sequence[str] = _field(_as_given, "Held-out files, folders or glob patterns.")
     columns: Union[Sequence[str], Mapping, None] = _field(
-        _as_given, "Two columns: a list of two of [data]'s, or a table of column = modality; absent: [data]'s first two.",
-        default=None)
+        _as_given, "Two columns: a list of two of [data]'s, or a table of column = modality; absent: [data]'s "
+        "first two.", default=None)
     format: Optional[str] = _field(_text, "As [data].format.", default=None)
-    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end; 0 or absent: at the end alone.",
-                                       default=None)
+    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end; 0 or absent: at "
+                                       "the end alone.", default=None)
     max_records: int = _field(_count, "Held-out records read at most; 2 or more.", default=1000)
 
 
@@ -249,8 +249,8 @@ def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict
 
 def written_cursor(written: Any) -> Optional[Dict[str, Any]]:
     """The cursor of `written`, a note's JSON, where it has exactly the shape `save_checkpoint` writes
-    (`{"step": N, "cursor": {...}}`, every key of a stream's cursor and no other); None for anything else,
-    which a note of someone else's may be whatever its JSON."""
+    (`{"step": N, "cursor": {...}}`, every key of a stream's cursor and no other); None for anything else:
+    a note of someone else's is its own text, whatever its JSON holds."""
     def count(value):
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -455,7 +455,8 @@ def step_scalars(stats: uform.Stats) -> Tuple[Dict[str, Any], Dict[str, float]]:
 
 # The library and the Python face name the trainer's config `config` (`config.schedule.learning_rate: ...`),
 # as a Python or C caller passes it; a TOML file names it `[trainer]`. A field path, not a file's name.
-_TRAINER_FIELD = re.compile(r"(?<![\w./-])config\.(?=(?:%s)\b)" % "|".join(f.name for f in dataclasses.fields(TrainerConfig)))
+_TRAINER_FIELD = re.compile(r"(?<![\w./-])config\.(?=(?:%s)\b)"
+                            % "|".join(f.name for f in dataclasses.fields(TrainerConfig)))
 
 
 def as_toml_names(error: Error) -> Error:

@@ -243,7 +243,7 @@ class _Choice(_Kind):
     def name_of(self, number: int) -> Any:
         """The name Python and TOML take for the member the C library numbers `number`; `number` where none is."""
         if self.table is not None:
-            value = next((name for name, c in _native.C_ENUMS[self.table].items() if c == number), None)
+            value = next((name for name, numbered in _native.C_ENUMS[self.table].items() if numbered == number), None)
             member = None if value is None else self.enumeration(value)
         else:
             member = next((m for m in self.enumeration if m.value == number), None)

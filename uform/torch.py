@@ -283,11 +283,11 @@ class Encoder(nn.Module):
         for an empty item, with NaN. The values are read only when the call runs eagerly: a trace or an export
         records the shapes alone (and bounds `seq` by its dynamic shapes)."""
         for name, value, dimensions in (("tokens", tokens, ("batch", "seq")), ("lengths", lengths, ("batch",))):
+            expected = f"{name}: expected a ({', '.join(dimensions)}) tensor of int64"
             if not isinstance(value, torch.Tensor):
-                raise InvalidArgument(f"{name}: expected a ({', '.join(dimensions)}) tensor of int64, got {type(value).__name__}")
+                raise InvalidArgument(f"{expected}, got {type(value).__name__}")
             if value.dim() != len(dimensions) or value.dtype not in (torch.int64, torch.int32):
-                raise InvalidArgument(f"{name}: expected a ({', '.join(dimensions)}) tensor of int64, got {value.dtype} of shape "
-                                      f"{tuple(value.shape)}")
+                raise InvalidArgument(f"{expected}, got {value.dtype} of shape {tuple(value.shape)}")
         batch, seq = tokens.shape
         if lengths.shape[0] != batch:
             raise InvalidArgument(f"lengths: {lengths.shape[0]} entries, expected one per row of tokens = {batch}")
@@ -302,7 +302,7 @@ class Encoder(nn.Module):
             raise InvalidArgument(f"lengths[{at}]: {int(lengths[at])} is not in [1, seq = {seq}]; every item has at "
                                   "least one token, and no more than its row")
         outside = (tokens < 0) | (tokens >= VOCABULARY)
-        if seq and bool(outside.any()):
+        if bool(outside.any()):
             row, position = (int(k) for k in outside.nonzero()[0])
             raise InvalidArgument(f"tokens[{row}, {position}]: {int(tokens[row, position])} is not an id in "
                                   f"[0, {VOCABULARY}), the checkpoint's vocabulary (padding included)")
