@@ -179,7 +179,15 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
     started = [line for line in read_log(folder) if "started" in line]
     assert started[0]["resumed"] is None and started[1]["resumed"].endswith("step-000000009.safetensors")
     assert cli.main(["train", config]) == 0
-    assert "already took its 12 steps" in capsys.readouterr().out
+    assert "already took its 12 steps; raise trainer.schedule.steps above 12" in capsys.readouterr().out
+    assert cli.main(["train", run(steps=5)]) == 0
+    assert f"{folder} is at step 12, past the 5 steps its config asks for; raise trainer.schedule.steps above 12" \
+        in capsys.readouterr().out
+    assert steps_in(folder) == [9, 12]
+    resumed = run("other", steps=4, **{"seed = 3": f'seed = 3\nresume = "{cli.checkpoints_in(folder + "/checkpoints")[-1][1]}"'})
+    assert cli.main(["train", resumed]) == 0
+    assert re.search(r"uform: trainer.resume .*step-000000012.safetensors is at step 12, past the 4 steps",
+                     capsys.readouterr().out)
 
 
 def test_info_describes_a_checkpoint(run, capsys):
@@ -194,6 +202,12 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert cli.main(["info", checkpoint, "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["step"] == 3 and described["config"]["hidden"] == 128 and described["cursor"]["batch"] == 3
+    named = described["config"]  # as the TOML file and Python take them, not the C library's numbers
+    assert (named["objective"], named["determinism"], named["contrastive"]["negatives"]) == ("joint", "bitwise", "ambient")
+    assert (named["contrastive"]["pair_loss"], named["late_interaction"]["pair_loss"]) == ("sigmoid", "ranked")
+    assert '"objective": "joint"' in printed and '"pair_loss": "sigmoid"' in printed
+    given = {name: named[name] for name in ("depth", "hidden", "objective", "determinism", "contrastive", "late_interaction")}
+    assert uform.config.normalize(uform.TrainerConfig, dict(given, schedule=dict(steps=1)), "config")["objective"] == 3
     assert json.loads(described["note"]) == dict(step=3, cursor=described["cursor"])
     assert described["tensors"]["text.embedding"]["shape"] == [260, 128]
     weights = safetensors.numpy.load_file(checkpoint)
@@ -211,6 +225,32 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert described["note"] == "fine-tuned by hand" and "cursor" not in described
 
 
+def test_info_shows_a_note_of_another_shape_as_text(run, tmp_path, capsys):
+    """Only a note of exactly the shape `uform train` writes is read as a stream's cursor; any other JSON,
+    `"cursor"` key or not, is its writer's own text."""
+    config = run(steps=3)
+    assert cli.main(["train", config]) == 0
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "pairs" / "checkpoints" / "*.safetensors"))
+    written = json.loads(uform.checkpoint_note(checkpoint))
+    assert cli.written_cursor(written) == written["cursor"]
+    notes = ['{"step": 5, "cursor": 3}', '{"cursor": {"epoch": "x"}}', json.dumps(dict(written, step=-1)),
+             json.dumps(dict(written, cursor=dict(written["cursor"], epoch="0"))),
+             json.dumps(dict(written, cursor={k: v for k, v in written["cursor"].items() if k != "skip"})),
+             json.dumps(dict(written, comment="mine")), "[1, 2]"]
+    path = str(tmp_path / "noted.safetensors")
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1))) as trainer:
+        for note in notes:
+            trainer.save(path, note=note)
+            capsys.readouterr()
+            assert cli.main(["info", path]) == 0, note
+            printed = capsys.readouterr().out
+            assert f"note: {note}\n" in printed and "stream:" not in printed, note
+            assert cli.main(["info", path, "--json"]) == 0
+            described = json.loads(capsys.readouterr().out)
+            assert described["note"] == note and "cursor" not in described, note
+
+
 def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     config = run(steps=2)
     assert cli.main(["train", config]) == 0
@@ -218,6 +258,10 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     source = str(tmp_path / "held-out.jsonl")
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy")]) == 1
     assert "--column: " in capsys.readouterr().err
+    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answr"]) == 1
+    assert capsys.readouterr().err == (f"uform embed: --column: {source}'s first record has no column 'answr' "
+                                       "(it has 'question', 'answer')\n")
+    assert not os.path.exists(tmp_path / "out.npy")
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answer", "--chunk", "5"]) == 0
     vectors = np.load(tmp_path / "out.npy")
     answers = [json.loads(line)["answer"] for line in open(source)]
@@ -233,6 +277,21 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     np.testing.assert_allclose(halves, expected, atol=1e-3)
 
 
+def test_without_pyarrow_parquet_names_the_package_to_install(run, tmp_path, capsys, monkeypatch):
+    config = run(steps=1)
+    assert cli.main(["train", config]) == 0
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "pairs" / "checkpoints" / "*.safetensors"))
+    (tmp_path / "held-out.parquet").write_bytes(b"PAR1")
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)  # as where it is not installed
+    capsys.readouterr()
+    source = str(tmp_path / "held-out.jsonl")
+    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.parquet"), "--column", "answer"]) == 1
+    assert "uform embed: OUTPUT: writing Parquet needs pyarrow: pip install pyarrow\n" == capsys.readouterr().err
+    assert cli.main(["embed", checkpoint, str(tmp_path / "held-out.parquet"), str(tmp_path / "out.npy")]) == 1
+    assert "reading Parquet needs pyarrow: pip install pyarrow\n" in capsys.readouterr().err
+
+
 def test_a_config_error_names_its_field_before_any_step(run, capsys):
     for replace, message in (({'answer = "text"': 'answr = "text"'}, "data.columns.answr: .*has no column 'answr'"),
                              ({"keep = 2": "keep = 2\nkept = 3"}, "checkpoints.kept: unknown field"),
@@ -242,6 +301,37 @@ def test_a_config_error_names_its_field_before_any_step(run, capsys):
         assert cli.main(["train", run(**replace)]) == 1
         assert re.search(message, capsys.readouterr().err), message
     assert not os.path.exists(os.path.join(os.path.dirname(run()), "runs"))  # no run folder for a refused config
+
+
+def test_the_trainers_fields_are_named_as_the_toml_file_names_them(run, tmp_path, capsys):
+    """The library names the trainer's config `config.` to Python and C callers, and still does; the command
+    names its fields by the `[trainer]` section they were given in."""
+    assert cli.main(["train", run(**{"[trainer.schedule]": "[trainer.schedule]\nlearning_rate = inf"})]) == 1
+    assert "uform train: trainer.schedule.learning_rate: inf is not in [0, 1]" in capsys.readouterr().err
+    with uform.Executor.for_ram(threads=1) as cpu:
+        with pytest.raises(uform.InvalidArgument, match=r"^config\.schedule\.learning_rate: inf is not in \[0, 1\]"):
+            uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="joint",
+                                             schedule=dict(steps=1, learning_rate=float("inf"))))
+    assert cli.main(["train", run(steps=3)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", run(steps=6, **{"seed = 3": "seed = 4"})]) == 1
+    assert "uform train: trainer.seed: the stream being resumed read seed = 3, now 4" in capsys.readouterr().err
+    kept = uform.InvalidArgument("data.paths[0]: '/data/config.batch/a.jsonl' matches no file")
+    assert cli.as_toml_names(kept) is kept
+    renamed = cli.as_toml_names(uform.InvalidCheckpoint("config.late_interaction.max_query_span: 70 does not fit "
+                                                        "config.batch.max_columns_per_row = 64"))
+    assert type(renamed) is uform.InvalidCheckpoint and str(renamed) == (
+        "trainer.late_interaction.max_query_span: 70 does not fit trainer.batch.max_columns_per_row = 64")
+
+
+def test_every_minutes_takes_zero_for_by_steps_alone_and_refuses_what_is_no_duration(run, tmp_path, capsys):
+    for value in ("-1", "nan", "inf", "-0.5"):
+        assert cli.main(["train", run(**{"keep = 2": f"keep = 2\nevery_minutes = {value}"})]) == 1
+        assert f"checkpoints.every_minutes: {float(value)} is not a number of minutes, 0 or more" in capsys.readouterr().err
+    assert cli.main(["train", run(steps=5, every=0, **{"keep = 2": "keep = 5\nevery_minutes = 0"})]) == 0
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [5]  # neither by steps nor by time: at the end alone
+    assert cli.main(["train", run(steps=7, every=1000, **{"keep = 2": "keep = 5\nevery_minutes = 1e-9"})]) == 0
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [5, 6, 7]  # a moment passes between steps
 
 
 def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_does(run, tmp_path):
@@ -458,12 +548,34 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
              (["train", run("mislabelled", **{'[evaluation]': '[evaluation]\ncolumns = { question = "image", answer = "text" }'})],
               r"evaluation.paths: 0 usable records; retrieval needs at least two; 12 bad, the first: "
               r".*held-out.jsonl:0: 'question' names no file"),
+             (["train", run("none", **{"[evaluation]": "[evaluation]\nmax_records = 0"})],
+              r"^uform train: evaluation.max_records: 0; retrieval needs at least two records$"),
+             (["train", run("one", **{"[evaluation]": "[evaluation]\nmax_records = 1"})],
+              r"^uform train: evaluation.max_records: 1; retrieval needs at least two records$"),
              (["info", "nope.safetensors"], r"uform info: CHECKPOINT: nope.safetensors: No such file"),
              (["embed", "nope.safetensors", "in.jsonl", "out.npy"], r"CHECKPOINT: nope.safetensors: no such file")]
     for argv, message in cases:
         assert cli.main(argv) == 1
         assert re.search(message, capsys.readouterr().err), message
     assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
+
+
+def test_evaluation_columns_may_name_two_of_the_datas_columns_in_a_list(run, tmp_path, capsys):
+    listed = run(**{"[evaluation]": '[evaluation]\ncolumns = ["answer", "question"]'})
+    config = cli.load_config(listed)
+    assert config.evaluation.columns == {"answer": uform.Modality.TEXT, "question": uform.Modality.TEXT}
+    assert cli.main(["train", run(steps=4, **{"[evaluation]": '[evaluation]\ncolumns = ["answer", "question"]'})]) == 0
+    (evaluation,) = [line["evaluation"] for line in read_log(tmp_path / "runs" / "pairs") if "evaluation" in line]
+    assert set(evaluation) == {"answer->question", "question->answer"}
+    for columns, message in (('["answer", "passage"]', r"evaluation.columns\[1\]: 'passage' is none of \[data\]'s "
+                                                      r"columns \('question', 'answer'\), so its modality is unknown"),
+                             ('["answer"]', "evaluation.columns: retrieval needs two columns, a query's and its "
+                                            "target's; got 1"),
+                             ("[1, 2]", r"evaluation.columns\[0\]: expected a column name, got int"),
+                             ('"answer"', "evaluation.columns: expected a list of two of \\[data\\]'s columns or a "
+                                          "table of column = modality, got str")):
+        with pytest.raises(uform.InvalidArgument, match=message):
+            cli.load_config(run(**{"[evaluation]": f"[evaluation]\ncolumns = {columns}"}))
 
 
 def test_help_lists_every_section_but_the_trainers_field_by_field(capsys):

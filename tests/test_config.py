@@ -113,3 +113,17 @@ def test_every_field_reaches_the_checkpoint_as_given(tmp_path):
             if isinstance(value, float):  # written with the 9 digits that tell float32s apart
                 recorded[name], value = np.float32(recorded[name]), np.float32(value)
             assert recorded[name] == (value.tolist() if isinstance(value, np.ndarray) else value), name
+
+
+def test_a_recorded_configs_enumerations_read_back_by_the_names_they_were_given(tmp_path):
+    path = tmp_path / "every.safetensors"
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, EVERY_FIELD) as trainer:
+        trainer.save(str(path))
+    recorded = read_config(path)
+    named, given = leaves(uform.config.enum_names(uform.TrainerConfig, recorded)), leaves(EVERY_FIELD)
+    choices = ["objective", "determinism", "contrastive.negatives", "contrastive.pair_loss", "late_interaction.pair_loss"]
+    assert sorted(name for name in named if named[name] != leaves(recorded)[name]) == sorted(choices)
+    assert {name: named[name] for name in choices} == {name: given[name] for name in choices}
+    unknown = dict(objective=9, contrastive=dict(pair_loss=0, negatives=True), optimizer=dict(beta1=0.9))
+    assert uform.config.enum_names(uform.TrainerConfig, unknown) == dict(
+        objective=9, contrastive=dict(pair_loss="derived", negatives=True), optimizer=dict(beta1=0.9))

@@ -289,6 +289,12 @@ def test_a_resumed_stream_continues_exactly_mid_epoch_and_across_epochs(shards):
     with pytest.raises(uform.InvalidArgument, match=r"data.paths: the stream being resumed read 3 shards, now 2, "
                                                     r"the first difference at shard 2: '.*' then, None now"):
         stream_of(shards[:2], cursor=expected[0].cursor)
+    with pytest.raises(uform.InvalidArgument, match=r"^cursor: lacks shard, offset, skip, batch, seed, shuffle_buffer, "
+                                                    r"shards; a StepBatch.cursor holds every one of epoch, shard, "):
+        stream_of(shards, cursor={"epoch": 0})
+    partial = {name: value for name, value in expected[0].cursor.items() if name != "seed"}
+    with pytest.raises(uform.InvalidArgument, match=r"^cursor: lacks seed; "):
+        stream_of(shards, cursor=partial)
 
 
 def test_processes_share_the_one_sequence_and_resume_onto_another_count(shards):

@@ -215,6 +215,18 @@ def test_integer_enums_take_their_names_in_any_case():
         normalize_batch(pair_batch(sides=["none", "side"]))
 
 
+def test_refusals_take_a_or_an_by_the_sound_of_the_name():
+    with pytest.raises(uform.InvalidArgument) as caught:
+        normalize_trainer_config(tiny_config(objective="x"))
+    assert str(caught.value) == "config.objective: 'x' is not an Objective (one of 'masked', 'contrastive', 'joint')"
+    with pytest.raises(uform.InvalidArgument, match=r"^config\.batch\.image: expected an ImageShape or a dict, got int$"):
+        normalize_trainer_config(tiny_config(batch=dict(image=3)))
+    with pytest.raises(uform.InvalidArgument, match=r"^config\.batch: expected a BatchShape or a dict, got int$"):
+        normalize_trainer_config(tiny_config(batch=3))
+    assert [uform.config.article(noun) for noun in ("Objective", "Edges", "Modality", "ImageShape", "")] == [
+        "an Objective", "an Edges", "a Modality", "an ImageShape", "a "]
+
+
 def test_lone_surrogates_name_their_field(cpu, trainer, encoder, tmp_path):
     with pytest.raises(uform.InvalidArgument, match=r"^batch\.contents\[1\]: not encodable as UTF-8"):
         trainer.step(pair_batch(contents=["fine", "bad \ud800"]))

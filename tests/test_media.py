@@ -927,8 +927,12 @@ def test_media_tokens_in_python_follow_the_shape_given():
     np.testing.assert_array_equal(chunks, expected)
     with pytest.raises(uform.InvalidArgument, match=r"bytes: declared an image, but the bytes are audio"):
         uform.media_tokens("image", sound)
-    with pytest.raises(uform.InvalidArgument, match="modality: 1 is not image"):
-        uform.media_tokens("text", b"red panda")
+    for given, named in (("text", "'text'"), ("TEXT", "'TEXT'"), (uform.Modality.TEXT, "'text'")):
+        with pytest.raises(uform.InvalidArgument) as refused:  # named as given, not by the C library's numbers
+            uform.media_tokens(given, b"red panda")
+        assert str(refused.value) == f"modality: {named} is not a media modality (image, video or audio)"
+    with pytest.raises(uform.InvalidArgument, match=r"^modality: 2 is not a Modality \(one of 'text', 'image'"):
+        uform.media_tokens(2, image)
     with pytest.raises(uform.InvalidArgument, match="content: expected the encoded file as bytes, got str"):
         uform.media_tokens("image", "red panda")
     with pytest.raises(uform.InvalidArgument, match="shape.image.patch_sides: unknown field"):

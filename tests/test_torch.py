@@ -197,6 +197,39 @@ def test_saving_keeps_the_checkpoints_note(cpu, tmp_path):
         uform_torch.save(module, dropped, note=5)
 
 
+@pytest.mark.parametrize("note", ["x" * (uform.MAX_NOTE_BYTES + 1), "é" * (uform.MAX_NOTE_BYTES // 2) + "x"])
+def test_a_note_over_the_limit_is_refused_as_trainer_save_refuses_it(cpu, tmp_path, note):
+    path = str(tmp_path / "kept.safetensors")
+    with uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="masked", schedule=dict(steps=10),
+                                          batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
+        trainer.save(path, weights_only=True, note="the old one")
+        with pytest.raises(uform.InvalidArgument) as refused:
+            trainer.save(str(tmp_path / "other.safetensors"), note=note)
+    assert str(refused.value) == f"note: {uform.MAX_NOTE_BYTES + 1} bytes, over the {uform.MAX_NOTE_BYTES} a checkpoint holds"
+    module = uform_torch.load(path)
+    with pytest.raises(uform.InvalidArgument) as also:
+        uform_torch.save(module, path, note=note)
+    assert str(also.value) == str(refused.value)
+    assert uform.checkpoint_note(path) == "the old one"  # the file stays as it was
+    longest = note[:-1] if note.startswith("x") else note[:-2] + "xy"
+    uform_torch.save(module, path, note=longest)
+    assert uform.checkpoint_note(path) == longest
+
+
+def test_a_file_that_cannot_be_read_raises_storage_error_as_the_library_does(cpu, tmp_path):
+    for path in (str(tmp_path / "missing.safetensors"), str(tmp_path)):
+        with pytest.raises(uform.StorageError) as library:
+            uform.Encoder.load(path, cpu)
+        with pytest.raises(uform.StorageError) as ours:
+            uform_torch.load(path)
+        assert str(ours.value) == str(library.value)
+        assert str(ours.value) == (f"path: cannot open {path}: No such file or directory" if path.endswith("missing.safetensors")
+                                   else f"path: {path} is not a regular file")
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    with pytest.raises(uform.InvalidCheckpoint):  # readable, but no checkpoint
+        uform_torch.load(str(tmp_path / "empty.safetensors"))
+
+
 def test_bfloat16_stays_close(checkpoints):
     with torch.no_grad():
         exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)
@@ -270,6 +303,30 @@ def test_bad_inputs_are_refused_by_name(checkpoints):
         plain.text_choose(["a", ""], ["yn", "yn"])
 
 
+def test_tensor_level_inputs_are_refused_naming_the_argument_and_the_limit(checkpoints):
+    """What PyTorch would answer with an error of its own (a size mismatch, an index out of range) or with
+    NaN (an empty item) is refused up front, for every tensor-level verb."""
+    module = uform_torch.load(checkpoints["late"])
+    tokens, lengths, _ = module.tokenize(["red panda", "bamboo"])
+    wide = torch.zeros((2, module.max_columns_per_row + 1), dtype=torch.int64)
+    cases = [((wide, torch.tensor([3, 3])), r"^tokens: 65 positions a row, over the checkpoint's max_columns_per_row = 64$"),
+             ((tokens.masked_fill(tokens == ord("b"), 300), lengths), r"^tokens\[1, 0\]: 300 is not an id in \[0, 260\)"),
+             ((tokens.masked_fill(tokens == ord("d"), -1), lengths), r"^tokens\[0, 2\]: -1 is not an id in \[0, 260\)"),
+             ((tokens, torch.tensor([9, 0])), r"^lengths\[1\]: 0 is not in \[1, seq = 9\]; every item has at least one"),
+             ((tokens, torch.tensor([10, 6])), r"^lengths\[0\]: 10 is not in \[1, seq = 9\]"),
+             ((tokens, lengths[:1]), r"^lengths: 1 entries, expected one per row of tokens = 2$"),
+             ((tokens.float(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.float32"),
+             ((tokens[0], lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.int64 of shape \(9,\)"),
+             ((tokens.tolist(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got list$")]
+    with torch.no_grad():
+        for verb in (module.forward, module.states, module.token_vectors, module.choice_logits):
+            for arguments, message in cases:
+                with pytest.raises(uform.InvalidArgument, match=message):
+                    verb(*arguments)
+        padded = torch.cat([tokens, torch.full((2, 3), uform_torch.MEDIA_ID)], dim=1)  # any id pads
+        assert torch.allclose(module(padded, lengths), module(tokens, lengths), atol=1e-6)
+
+
 def test_onnx_export_computes_the_same(checkpoints, tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")  # torch.onnx's exporter writes the graph through it
@@ -297,7 +354,8 @@ def test_importing_uform_does_not_import_torch(tmp_path):
               "try:\n    import uform.torch\nexcept ImportError as error:\n    print(error)")
     printed = subprocess.run([sys.executable, "-c", absent], check=True, cwd=tmp_path, env=environment,
                              capture_output=True, text=True).stdout
-    assert 'pip install "uform[torch]"' in printed
+    assert "uform.torch needs PyTorch: pip install torch (the CPU build: pip install torch --index-url " in printed
+    assert "uform[" not in printed
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -75,9 +75,11 @@ from .errors import Busy, DeviceError, Error, InvalidArgument, InvalidCheckpoint
 from .outputs import _ITEM_BYTES, Arena, Rows, Scalar, Stats, Stepped
 
 __version__ = _native.version()
+MAX_NOTE_BYTES = _native.MAX_NOTE_BYTES  #: The most UTF-8 bytes a checkpoint's note holds: `UFORM_MAX_NOTE_BYTES`.
 
 __all__ = [
     "__version__",
+    "MAX_NOTE_BYTES",
     "capabilities",
     "checkpoint_note",
     "media_tokens",
@@ -170,6 +172,9 @@ def media_tokens(modality: Any, content: Any, shape: Any = None) -> MediaTokens:
     of its files, raise `InvalidArgument` naming `modality` or `bytes`.
     """
     kind = enum_member(Modality, modality, "modality")
+    if kind is Modality.TEXT:  # named as given: the C library's message would give its numbers
+        raise InvalidArgument(f"modality: {kind.value if isinstance(modality, Modality) else modality!r} is not a "
+                              "media modality (image, video or audio)")
     if isinstance(content, str) or not isinstance(content, (bytes, bytearray, memoryview, np.ndarray)):
         raise InvalidArgument(f"content: expected the encoded file as bytes, got {type(content).__name__}")
     data = np.frombuffer(content, np.uint8) if not isinstance(content, np.ndarray) else content
@@ -180,7 +185,8 @@ def media_tokens(modality: Any, content: Any, shape: Any = None) -> MediaTokens:
 
 
 def _note_bytes(note: Any) -> bytes:
-    """A note as the UTF-8 the library stores; the library refuses one too long, naming its length."""
+    """A note as the UTF-8 the library stores, refused as the library refuses it: not text, a NUL, over
+    `MAX_NOTE_BYTES`. Checked here too for `uform.torch.save`, which writes without the library."""
     if not isinstance(note, str):
         raise InvalidArgument(f"note: expected a str or None, got {type(note).__name__}")
     try:
@@ -189,6 +195,8 @@ def _note_bytes(note: Any) -> bytes:
         raise InvalidArgument(f"note: not encodable as UTF-8 ({error.reason} at {error.start})") from None
     if b"\0" in encoded:  # C would read the note only up to it
         raise InvalidArgument(f"note: a NUL character at {note.index(chr(0))}; a note is text without one")
+    if len(encoded) > MAX_NOTE_BYTES:
+        raise InvalidArgument(f"note: {len(encoded)} bytes, over the {MAX_NOTE_BYTES} a checkpoint holds")
     return encoded
 
 
@@ -602,8 +610,9 @@ class Trainer(_OnExecutor):
 
         The file is written beside `path` and renamed into place, so a crash keeps the previous one.
         `weights_only=True` leaves the moments out, for release: a third of the size, loaded by
-        `Encoder.load`, refused by `resume` (`InvalidCheckpoint`). `note`, text of at most 1 MiB as
-        UTF-8, rides in the file's metadata for `checkpoint_note` to read back; empty is none.
+        `Encoder.load`, refused by `resume` (`InvalidCheckpoint`). `note`, text of at most
+        `MAX_NOTE_BYTES` (1 MiB) as UTF-8, rides in the file's metadata for `checkpoint_note` to read
+        back; empty is none.
         """
         call = self._save_call(path, weights_only, note)
         self._worker().run(call)

@@ -62,6 +62,7 @@ C_ENUMS = {
 }
 MAX_TEMPERATURE_GROUPS = UFORM_MAX_TEMPERATURE_GROUPS
 MAX_MATRYOSHKA_DIMENSIONS = UFORM_MAX_MATRYOSHKA_DIMENSIONS
+MAX_NOTE_BYTES = UFORM_MAX_NOTE_BYTES
 
 # Modalities and sides travel as uint32 arrays read through enum pointers: the sizes must agree.
 if sizeof(uform_modality_t) != sizeof(uint32_t) or sizeof(uform_late_interaction_side_t) != sizeof(uint32_t):

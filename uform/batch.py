@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from . import _native
-from .config import LateInteractionSide, Modality, enum_member, float32_array, unsigned_array
+from .config import LateInteractionSide, Modality, article, enum_member, float32_array, unsigned_array
 from .errors import InvalidArgument
 
 __all__ = ["Tape", "Edges", "TrainerBatch"]
@@ -234,7 +234,7 @@ def _fields(value: Any, kind: type, names: set, path: str) -> Mapping:
             if key not in names:
                 raise InvalidArgument(f"{path}.{key}: unknown field")
         return value
-    raise InvalidArgument(f"{path}: expected a {kind.__name__} or a dict, got {type(value).__name__}")
+    raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
 
 
 def _per_item(values: Any, items: int, path: str) -> Optional[np.ndarray]:

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -25,16 +26,16 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 import uform
-from .config import Modality, TrainerConfig, enum_member, normalize, real, scalar_member, unsigned
+from .config import Modality, TrainerConfig, enum_member, enum_names, normalize, real, scalar_member, unsigned
 from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
-from .data.dataset import refused_item
+from .data.dataset import check_columns, refused_item
 from .data.readers import columns_of_first_record
-from .data.stream import UnusableEpochs
+from .data.stream import CURSOR_KEYS, UnusableEpochs
 from .errors import Error, InvalidArgument, Unsupported
 from .logs import RunLog
 
@@ -52,6 +53,13 @@ def _text(value: Any, path: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"{path}: expected a string, got {type(value).__name__}")
     return value
+
+
+def _minutes(value: Any, path: str) -> float:
+    minutes = real(value, path)
+    if not (math.isfinite(minutes) and minutes >= 0):
+        raise InvalidArgument(f"{path}: {minutes} is not a number of minutes, 0 or more (0 saves by steps alone)")
+    return minutes
 
 
 def _as_given(value: Any, path: str) -> Any:
@@ -76,8 +84,9 @@ class Run:
 class Checkpoints:
     """When a run saves, and how many checkpoints it keeps."""
 
-    every_steps: Optional[int] = _field(_count, "Save every this many steps.", default=None)
-    every_minutes: Optional[float] = _field(real, "Save when this many minutes passed.", default=30.0)
+    every_steps: Optional[int] = _field(_count, "Save every this many steps; 0 or absent: not by steps.", default=None)
+    every_minutes: Optional[float] = _field(_minutes, "Save when this many minutes passed since the last save; "
+                                            "0: not by time.", default=30.0)
     keep: int = _field(_count, "The newest checkpoints kept; older ones are deleted.", default=3)
 
 
@@ -86,10 +95,13 @@ class Evaluation:
     """Retrieval on a held-out split: each record's first column finds its second, and back."""
 
     paths: Sequence[str] = _field(_as_given, "Held-out files, folders or glob patterns.")
-    columns: Optional[Mapping] = _field(_as_given, "Two columns; absent: [data]'s first two.", default=None)
+    columns: Union[Sequence[str], Mapping, None] = _field(
+        _as_given, "Two columns: a list of two of [data]'s, or a table of column = modality; absent: [data]'s "
+        "first two.", default=None)
     format: Optional[str] = _field(_text, "As [data].format.", default=None)
-    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end.", default=None)
-    max_records: int = _field(_count, "Held-out records read at most.", default=1000)
+    every_steps: Optional[int] = _field(_count, "Evaluate every this many steps, and at the end; 0 or absent: at "
+                                       "the end alone.", default=None)
+    max_records: int = _field(_count, "Held-out records read at most; 2 or more.", default=1000)
 
 
 _SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints}
@@ -110,6 +122,27 @@ def _plain_section(kind: type, value: Any, path: str) -> Any:
         elif f.default is dataclasses.MISSING:
             raise InvalidArgument(f"{path}.{name}: missing; {f.metadata['doc']}")
     return kind(**given)
+
+
+def _evaluation_columns(columns: Any, data: Dataset) -> Any:
+    """`[evaluation] columns` as a table of column = modality: as given, or named in a list with the modalities
+    `[data]` gives them, or absent, `[data]`'s first two columns."""
+    if columns is None:
+        return dict(list(data.columns.items())[:2])
+    if isinstance(columns, Mapping):
+        return columns  # checked as [data]'s are
+    if not isinstance(columns, list):
+        raise InvalidArgument(f"evaluation.columns: expected a list of two of [data]'s columns or a table of "
+                              f"column = modality, got {type(columns).__name__}")
+    known = {**data.negatives, **data.columns}
+    for number, name in enumerate(columns):
+        if not isinstance(name, str):
+            raise InvalidArgument(f"evaluation.columns[{number}]: expected a column name, got {type(name).__name__}")
+        if name not in known:
+            raise InvalidArgument(f"evaluation.columns[{number}]: {name!r} is none of [data]'s columns "
+                                  f"({', '.join(map(repr, known))}), so its modality is unknown; give it in a table, "
+                                  f"columns = {{ {name} = \"text\", ... }}")
+    return {name: known[name] for name in columns}
 
 
 @dataclass
@@ -151,7 +184,7 @@ def load_config(path: str) -> TrainConfig:
     evaluation = None
     if "evaluation" in sections:
         evaluation = _plain_section(Evaluation, sections["evaluation"], "evaluation")
-        columns = evaluation.columns if evaluation.columns is not None else dict(list(data.columns.items())[:2])
+        columns = _evaluation_columns(evaluation.columns, data)
         checked = normalize_dataset(dict(paths=evaluation.paths, columns=columns, format=evaluation.format), "evaluation")
         if len(checked.columns) != 2:
             raise InvalidArgument(f"evaluation.columns: retrieval needs two columns, a query's and its target's; "
@@ -162,6 +195,8 @@ def load_config(path: str) -> TrainConfig:
         raise InvalidArgument(f"run.device: {run.device!r} is not one of 'auto', 'gpu', 'cpu'")
     stem = os.path.splitext(os.path.basename(path))[0]
     run.folder = resolve(run.folder) if run.folder is not None else os.path.join(here, "runs", stem)
+    if evaluation is not None and evaluation.max_records < 2:
+        raise InvalidArgument(f"evaluation.max_records: {evaluation.max_records}; retrieval needs at least two records")
     checkpoints = _plain_section(Checkpoints, sections.get("checkpoints", {}), "checkpoints")
     if checkpoints.keep < 1:
         raise InvalidArgument("checkpoints.keep: 0; a run keeps at least its newest checkpoint")
@@ -212,19 +247,41 @@ def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict
     return path
 
 
+def written_cursor(written: Any) -> Optional[Dict[str, Any]]:
+    """The cursor of `written`, a note's JSON, where it has exactly the shape `save_checkpoint` writes
+    (`{"step": N, "cursor": {...}}`, every key of a stream's cursor and no other); None for anything else:
+    a note of someone else's is its own text, whatever its JSON holds."""
+    def count(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(written, dict) or set(written) != {"step", "cursor"} or not count(written["step"]):
+        return None
+    cursor = written["cursor"]
+    if not isinstance(cursor, dict) or set(cursor) != set(CURSOR_KEYS):
+        return None
+    shards = cursor["shards"]
+    listed = isinstance(shards, list) and all(isinstance(entry, str) for entry in shards)
+    if not all(count(value) for name, value in cursor.items() if name != "shards") or not (
+            listed or isinstance(shards, str) and shards.startswith("sha256:")):
+        return None
+    return cursor
+
+
 def stream_cursor(checkpoint: str, note: Optional[str]) -> Optional[Dict[str, Any]]:
     """The stream's cursor a checkpoint carries in its `note`, or an older version wrote beside it; None
-    when it has neither, as one written by `Trainer.save` by hand."""
+    when it has neither, as one written by `Trainer.save` by hand, whatever its note says."""
     try:
         written = json.loads(note) if note else None
     except ValueError:  # a note of someone else's
         written = None
-    if isinstance(written, dict) and isinstance(written.get("cursor"), dict):
-        return written["cursor"]
-    if os.path.isfile(cursor_path(checkpoint)):
-        with open(cursor_path(checkpoint), encoding="utf-8") as file:
-            return json.load(file)["cursor"]
-    return None
+    cursor = written_cursor(written)
+    if cursor is None and os.path.isfile(cursor_path(checkpoint)):
+        try:
+            with open(cursor_path(checkpoint), encoding="utf-8") as file:
+                cursor = written_cursor(json.load(file))
+        except ValueError:
+            cursor = None
+    return cursor
 
 
 def read_header(path: str, field_path: str = "CHECKPOINT") -> Tuple[Dict[str, str], Dict[str, Any]]:
@@ -396,7 +453,29 @@ def step_scalars(stats: uform.Stats) -> Tuple[Dict[str, Any], Dict[str, float]]:
     return record, scalars
 
 
+# The library and the Python face name the trainer's config `config` (`config.schedule.learning_rate: ...`),
+# as a Python or C caller passes it; a TOML file names it `[trainer]`. A field path, not a file's name.
+_TRAINER_FIELD = re.compile(r"(?<![\w./-])config\.(?=(?:%s)\b)"
+                            % "|".join(f.name for f in dataclasses.fields(TrainerConfig)))
+
+
+def as_toml_names(error: Error) -> Error:
+    """`error` with the trainer's fields named as the TOML config names them; itself where it names none."""
+    message = _TRAINER_FIELD.sub("trainer.", str(error))
+    return error if message == str(error) else type(error)(message)
+
+
 def train(config_path: str) -> int:
+    try:
+        return _train(config_path)
+    except Error as error:
+        renamed = as_toml_names(error)
+        if renamed is error:
+            raise
+        raise renamed from None
+
+
+def _train(config_path: str) -> int:
     config = load_config(config_path)
     folder = config.run.folder
     saved_in = os.path.join(folder, "checkpoints")
@@ -423,7 +502,10 @@ def train(config_path: str) -> int:
             raise InvalidArgument(f"trainer.resume: {trainer_config['resume']}: no such file")
         step = checkpoint_step(trainer_config["resume"], "trainer.resume")  # another run's weights: the data starts over
     if step >= steps:
-        print(f"uform: {folder} already took its {steps} steps; raise trainer.schedule.steps to train on")
+        source = folder if complete else f"trainer.resume {trainer_config['resume']}"
+        done = (f"already took its {steps} steps" if step == steps
+                else f"is at step {step}, past the {steps} steps its config asks for")
+        print(f"uform: {source} {done}; raise trainer.schedule.steps above {step} to train on")
         return 0
     # SIGINT and SIGTERM from here on stop the run cleanly, even before its first step.
     stop = _Stop()
@@ -484,7 +566,7 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
             bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
                             bad=bad, refresh=False)
             bar.update(step - bar.n)
-            minutes = every.every_minutes is not None and time.monotonic() - saved_time >= 60 * every.every_minutes
+            minutes = bool(every.every_minutes) and time.monotonic() - saved_time >= 60 * every.every_minutes
             if (every.every_steps and step % every.every_steps == 0) or minutes:
                 save_checkpoint(trainer, saved_in, step, cursor, every.keep)
                 saved_step, saved_time = step, time.monotonic()
@@ -580,6 +662,9 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
             raise InvalidArgument(f"--column: {source} has {len(offered)} columns ({', '.join(offered)}); name the one "
                                   "to embed")
         column = offered[0]
+    else:  # named as `uform train` names a column the data lacks, the columns it has listed
+        check_columns(list_shards(normalize_dataset(dict(paths=[source], columns={column: "text"}, format=layout))),
+                      [("--column", column)])
     kind = enum_member(Modality, modality, "--modality") if modality else _column_modality(column)
     if not modality and kind == Modality.TEXT:  # a table's column of file paths holds media, not text
         first = next(iter(records(normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout)))), None)
@@ -629,7 +714,7 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
         import pyarrow
         import pyarrow.parquet
     except ImportError:
-        raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install 'uform[parquet]'") from None
+        raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install pyarrow") from None
     values = pyarrow.array(embeddings.reshape(-1))
     column = pyarrow.FixedSizeListArray.from_arrays(values, embeddings.shape[1])
     pyarrow.parquet.write_table(pyarrow.table({"location": locations, "embedding": column}), path)
@@ -641,12 +726,18 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
 
 
 def describe(path: str) -> Dict[str, Any]:
-    """What `uform info` prints: the checkpoint's step, geometry, config and tensors, and its note and the
-    stream's cursor if any."""
+    """What `uform info` prints: the checkpoint's step, geometry, config (enumerations by name) and tensors,
+    and its note and the stream's cursor if any."""
     metadata, tensors = read_header(path, "CHECKPOINT")
     if "config" not in metadata:
         raise InvalidArgument(f"CHECKPOINT: {path}: its __metadata__ holds no config; it is no uform checkpoint")
-    config = json.loads(metadata["config"])
+    try:
+        config = json.loads(metadata["config"])
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"CHECKPOINT: {path}: its __metadata__.config is no JSON object")
+    config = enum_names(TrainerConfig, config)  # "objective": "joint", as a TOML file gives it, not the C number
     moments = ("adamw.first.", "adamw.second.")
     weights = {name: entry for name, entry in tensors.items() if not name.startswith(moments)}
     described = dict(

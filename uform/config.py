@@ -107,6 +107,11 @@ class LateInteractionSide(enum.IntEnum):
 # ---------------------------------------------------------------------------------------------- #
 
 
+def article(noun: str) -> str:
+    """`noun` after "a" or "an", as its first letter sounds: "a Modality", "an Objective"."""
+    return f"{'an' if noun[:1].lower() in ('a', 'e', 'i', 'o', 'u') else 'a'} {noun}"
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -235,6 +240,15 @@ class _Choice(_Kind):
             return 0
         return enum_value(self.enumeration, value, path, self.table)
 
+    def name_of(self, number: int) -> Any:
+        """The name Python and TOML take for the member the C library numbers `number`; `number` where none is."""
+        if self.table is not None:
+            value = next((name for name, numbered in _native.C_ENUMS[self.table].items() if numbered == number), None)
+            member = None if value is None else self.enumeration(value)
+        else:
+            member = next((m for m in self.enumeration if m.value == number), None)
+        return number if member is None else member.name.lower()
+
 
 class _Path(_Kind):
     def __call__(self, value, path):
@@ -292,7 +306,7 @@ def enum_member(enumeration: type, value: Any, path: str) -> enum.Enum:
             pass
     if member is None:
         names = _names(enumeration)
-        raise InvalidArgument(f"{path}: {_describe(value)} is not a {enumeration.__name__} (one of {names})")
+        raise InvalidArgument(f"{path}: {_describe(value)} is not {article(enumeration.__name__)} (one of {names})")
     return member
 
 
@@ -333,8 +347,24 @@ def normalize(kind: type, value: Any, path: str) -> dict:
                 raise InvalidArgument(f"{path}.{key}: unknown field")
         given = value
     else:
-        raise InvalidArgument(f"{path}: expected a {kind.__name__} or a dict, got {type(value).__name__}")
+        raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
     return {f.name: _kind(f)(given.get(f.name), f"{path}.{f.name}") for f in fields}
+
+
+def enum_names(kind: type, values: Mapping) -> dict:
+    """A config of `kind` as the C library records it (a checkpoint's `__metadata__.config`), each enumeration's
+    number replaced by its member's name as Python and TOML take it (`"objective": "joint"`). Fields `kind`
+    lacks, and numbers no member has, stay as they are."""
+    named = dict(values)
+    for f in dataclasses.fields(kind):
+        value, field_kind = named.get(f.name), _kind(f)
+        if isinstance(field_kind, _Required):
+            field_kind = field_kind.kind
+        if isinstance(field_kind, _Nested) and isinstance(value, Mapping):
+            named[f.name] = enum_names(field_kind.kind, value)
+        elif isinstance(field_kind, _Choice) and isinstance(value, int) and not isinstance(value, bool):
+            named[f.name] = field_kind.name_of(value)
+    return named
 
 
 def _field(kind: Callable[[Any, str], Any], *, required: bool = False, doc: str = ""):

@@ -16,12 +16,15 @@ pooling, so padding never changes a result. Positions restart at zero in each it
 the library: a text byte's and an audio chunk's are their index, an image patch's its (row, column)
 and a video tubelet's its (time, row, column), each turning its own rotary pairs.
 
-PyTorch is an optional extra (`pip install "uform[torch]"`): `import uform` never imports it.
+PyTorch is an optional extra (`pip install torch`, or `pip install ".[torch]"` from a checkout; on a machine
+without a GPU, `pip install torch --index-url https://download.pytorch.org/whl/cpu` takes the CPU build):
+`import uform` never imports it.
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 try:
@@ -29,14 +32,15 @@ try:
     import torch.nn.functional as F
     from torch import nn
 except ImportError as error:  # the core package works without it; only this module needs it
-    raise ImportError(f"uform.torch needs PyTorch, an optional extra: pip install \"uform[torch]\" ({error})") from None
+    raise ImportError(f"uform.torch needs PyTorch: pip install torch (the CPU build: pip install torch --index-url "
+                      f"https://download.pytorch.org/whl/cpu) ({error})") from None
 
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import _note_bytes, media_tokens
 from .config import LateInteractionSide, Modality, enum_member
-from .errors import InvalidArgument, InvalidCheckpoint, Unsupported
+from .errors import InvalidArgument, InvalidCheckpoint, StorageError, Unsupported
 
 __all__ = ["Encoder", "Tokenized", "Media", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID", "MEDIA_ID"]
 
@@ -104,6 +108,13 @@ def _media_rotary(modality: Modality, count: int, grid: Tuple[int, int, int]) ->
         axis = pair % 3
         return torch.where(axis == 0, time, torch.where(axis == 1, row, column)) * PAIRS + (pair - axis)
     return token * PAIRS + pair  # an audio chunk turns as a text byte at its index
+
+
+def _tracing() -> bool:
+    """Whether a trace, a compilation or an export is recording the call, where tensors hold no values to read."""
+    compiler = getattr(torch, "compiler", None)
+    return torch.jit.is_tracing() or any(getattr(compiler, name, lambda: False)()
+                                         for name in ("is_compiling", "is_exporting"))
 
 
 def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
@@ -206,9 +217,11 @@ class Encoder(nn.Module):
     """The encoder of a uform checkpoint: `load(path)` makes one.
 
     Tensor-level verbs take `tokens` (batch, seq) int64 ids and `lengths` (batch,) int64, each item
-    in its own row, padded past its length with any id, and, where rows hold media tokens, their
-    `Media`; `tokenize` builds them from texts. Each item attends only within itself, so padding
-    changes nothing, and `seq` may not exceed the checkpoint's `max_columns_per_row`. Item-level
+    in its own row, padded past its length with any id below 260, and, where rows hold media
+    tokens, their `Media`; `tokenize` builds them from texts. Each item attends only within itself, so
+    padding changes nothing. `seq` may not exceed the checkpoint's `max_columns_per_row`, nor an id
+    leave the vocabulary, nor a length leave [1, seq]: each raises `uform.InvalidArgument` naming the
+    argument (the values are read where the call runs eagerly, not under a trace or an export). Item-level
     verbs (`embed`, `embed_tokens`, `text_choose`) answer what `uform.Encoder`'s verbs of those
     names answer. Every verb follows PyTorch's grad mode: wrap inference in `torch.no_grad()` or
     `torch.inference_mode()`. `config`, `step` and `note` are what the checkpoint recorded (`note` None
@@ -248,6 +261,7 @@ class Encoder(nn.Module):
     def states(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """The final-norm states (batch, seq, hidden) every head reads; zero past each length. `media`
         carries the batch's media tokens, where `tokens` holds any."""
+        self._check_tokens(tokens, lengths)
         seq = tokens.shape[1]
         present = torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]  # (batch, seq)
         x = F.embedding(tokens, self.text.embedding)
@@ -263,6 +277,35 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x, keys, cosines, sines)
         return _rmsnorm(x, self.final_norm) * present[..., None].to(x.dtype)
+
+    def _check_tokens(self, tokens: Any, lengths: Any) -> None:
+        """Refuses, naming the argument and the limit, what PyTorch would answer with an error of its own or,
+        for an empty item, with NaN. The values are read only when the call runs eagerly: a trace or an export
+        records the shapes alone (and bounds `seq` by its dynamic shapes)."""
+        for name, value, dimensions in (("tokens", tokens, ("batch", "seq")), ("lengths", lengths, ("batch",))):
+            expected = f"{name}: expected a ({', '.join(dimensions)}) tensor of int64"
+            if not isinstance(value, torch.Tensor):
+                raise InvalidArgument(f"{expected}, got {type(value).__name__}")
+            if value.dim() != len(dimensions) or value.dtype not in (torch.int64, torch.int32):
+                raise InvalidArgument(f"{expected}, got {value.dtype} of shape {tuple(value.shape)}")
+        batch, seq = tokens.shape
+        if lengths.shape[0] != batch:
+            raise InvalidArgument(f"lengths: {lengths.shape[0]} entries, expected one per row of tokens = {batch}")
+        if seq > self.max_columns_per_row:
+            raise InvalidArgument(f"tokens: {seq} positions a row, over the checkpoint's max_columns_per_row = "
+                                  f"{self.max_columns_per_row}")
+        if _tracing() or batch == 0:
+            return
+        shortest, longest = int(lengths.min()), int(lengths.max())
+        if shortest < 1 or longest > seq:
+            at = int(lengths.argmin()) if shortest < 1 else int(lengths.argmax())
+            raise InvalidArgument(f"lengths[{at}]: {int(lengths[at])} is not in [1, seq = {seq}]; every item has at "
+                                  "least one token, and no more than its row")
+        outside = (tokens < 0) | (tokens >= VOCABULARY)
+        if bool(outside.any()):
+            row, position = (int(k) for k in outside.nonzero()[0])
+            raise InvalidArgument(f"tokens[{row}, {position}]: {int(tokens[row, position])} is not an id in "
+                                  f"[0, {VOCABULARY}), the checkpoint's vocabulary (padding included)")
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """Pooled embeddings (batch, hidden): the mean of each item's final states, unit-norm."""
@@ -548,15 +591,32 @@ def _check_names(where: str, names: Sequence[str], expected: dict, weights_only:
                                             f"the moment adamw.{kind}.{name}")
 
 
+def _check_opens(name: Any) -> None:
+    """A file that cannot be read raises `StorageError`, as the library's readers (`uform.Encoder.load`,
+    `uform.checkpoint_note`) raise it, with their words; what it holds is judged after."""
+    try:
+        descriptor = os.open(name, os.O_RDONLY)
+    except OSError as error:
+        raise StorageError(f"path: cannot open {os.fsdecode(name)}: {error.strerror}") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    finally:
+        os.close(descriptor)
+    if not regular:
+        raise StorageError(f"path: {os.fsdecode(name)} is not a regular file")
+
+
 def load(path: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> Encoder:
     """Reads a checkpoint written by `Trainer.save` (whole or weights-only) into an `Encoder` module,
     in eval mode, on `device` (default CPU) in `dtype` (default float32, the checkpoint's own).
 
     Only the weights are read. The file's config and tensors are checked as `uform.Encoder.load`
     checks them, and anything this module does not implement (another modality's weights, an
-    unknown head) is refused by name: `uform.InvalidCheckpoint` or `uform.Unsupported`.
+    unknown head) is refused by name: `uform.InvalidCheckpoint` or `uform.Unsupported`. A file that
+    cannot be opened, or is no regular file, raises `uform.StorageError`, as `uform.Encoder.load` does.
     """
     where = f"path: {os.fspath(path)!s}"
+    _check_opens(os.fspath(path))
     try:
         opened = safe_open(os.fspath(path), framework="pt", device="cpu")
     except Exception as error:  # safetensors raises its own types for unreadable headers
@@ -588,8 +648,8 @@ def save(module: Encoder, path: Any, note: Any = _KEEP) -> None:
     loaded with), which `uform.Encoder.load` and `uform.torch.load` read; no run resumes from it.
 
     `note` replaces the module's note (`module.note`, which `load` read from the checkpoint's
-    `__metadata__.note`), as `Trainer.save(path, note=...)` stores one; None or "" stores none.
-    `uform.checkpoint_note(path)` reads it back."""
+    `__metadata__.note`), as `Trainer.save(path, note=...)` stores one, refused as it refuses one (over
+    `uform.MAX_NOTE_BYTES`, say); None or "" stores none. `uform.checkpoint_note(path)` reads it back."""
     if not isinstance(module, Encoder):
         raise InvalidArgument(f"module: expected a uform.torch.Encoder, got {type(module).__name__}")
     note = module.note if note is _KEEP else note

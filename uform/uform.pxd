@@ -13,6 +13,7 @@ cdef extern from "uform.h" nogil:
         UFORM_VERSION_PATCH
         UFORM_MAX_TEMPERATURE_GROUPS
         UFORM_MAX_MATRYOSHKA_DIMENSIONS
+        UFORM_MAX_NOTE_BYTES
 
     ctypedef enum uform_status_t:
         uform_status_success_k

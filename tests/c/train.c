@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
     char const note[] = "{\"cursor\": \"caf\xc3\xa9\", \"path\": \"C:\\\\runs\"}\n\t\x01";
     CHECK(uform_trainer_save_noted(trainer, path, "caf\xc3", &error) == uform_status_invalid_argument_k);
     CHECK(strstr(error, "note: not UTF-8 at byte 3") != NULL);
+    static char longer[UFORM_MAX_NOTE_BYTES + 2]; /* one byte over the limit, and the NUL */
+    memset(longer, 'x', UFORM_MAX_NOTE_BYTES + 1);
+    CHECK(uform_trainer_save_noted(trainer, path, longer, &error) == uform_status_invalid_argument_k);
+    CHECK(strstr(error, "note: 1048577 bytes, over the 1048576 a checkpoint holds") != NULL);
     CHECK(uform_trainer_save_noted(trainer, path, note, &error) == uform_status_success_k);
     size_t length = 0;
     char back[sizeof(note)];

@@ -138,6 +138,12 @@ def check_schema(dataset: Dataset, shards: List[Tuple[str, str]], path: str = "d
     wanted += [(f"{path}.negatives.{name}", name) for name in dataset.negatives]
     wanted += [(f"{path}.{kind}", getattr(dataset, kind)) for kind in ("weight", "choices", "choice_targets")
                if getattr(dataset, kind) is not None]
+    check_columns(shards, wanted)
+
+
+def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str]]) -> None:
+    """Each column of `wanted`, (the field or argument that named it, the column), is in every shard's header
+    or first record; `InvalidArgument` names the field, the shard and the columns it has otherwise."""
     for path, layout in shards:
         offered = columns_of_first_record(path, layout)
         if offered is None:

@@ -110,7 +110,7 @@ def _pyarrow_parquet():
     try:
         import pyarrow.parquet
     except ImportError:
-        raise InvalidArgument("data.paths: reading Parquet needs pyarrow: pip install 'uform[parquet]'") from None
+        raise InvalidArgument("data.paths: reading Parquet needs pyarrow: pip install pyarrow") from None
     return pyarrow.parquet
 
 

@@ -39,7 +39,8 @@ from .dataset import (BadRecord, Dataset, Group, check_schema, column_of, list_s
                       normalize_dataset, refused_item, text_columns)
 from .readers import READERS
 
-_CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")
+_CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")  # where the stream stands
+CURSOR_KEYS = _CURSOR_FIELDS + ("seed", "shuffle_buffer", "shards")  #: every key of a `StepBatch.cursor`
 
 
 @dataclass
@@ -170,7 +171,7 @@ class Stream:
             raise InvalidArgument(f"process_index: {self.index} is not below process_count = {self.count}")
         self.capacity = _Capacity(normalized, self.dataset)
         if self.dataset.choices is not None and not self.capacity.choices:
-            raise InvalidArgument("data.choices: the trainer's config.batch.max_choices_per_item is absent, so no "
+            raise InvalidArgument("data.choices: config.batch.max_choices_per_item is absent, so no "
                                   "item may offer choices")
         self.shards = list_shards(self.dataset)
         check_schema(self.dataset, self.shards)
@@ -189,6 +190,10 @@ class Stream:
             return fresh
         if not isinstance(cursor, dict):
             raise InvalidArgument(f"cursor: expected a dict, got {type(cursor).__name__}")
+        missing = [name for name in CURSOR_KEYS if name not in cursor]
+        if missing:
+            raise InvalidArgument(f"cursor: lacks {', '.join(missing)}; a StepBatch.cursor holds every one of "
+                                  f"{', '.join(CURSOR_KEYS)}")
         for name in ("seed", "shuffle_buffer"):
             if cursor.get(name) != fresh[name]:
                 field_path = "config.seed" if name == "seed" else f"data.{name}"
