@@ -296,12 +296,13 @@ class Encoder(nn.Module):
                                   f"{self.max_columns_per_row}")
         if _tracing() or batch == 0:
             return
-        shortest, longest = int(lengths.min()), int(lengths.max())
-        if shortest < 1 or longest > seq:
-            at = int(lengths.argmin()) if shortest < 1 else int(lengths.argmax())
+        short_or_long, outside = (lengths < 1) | (lengths > seq), (tokens < 0) | (tokens >= VOCABULARY)
+        if not bool(short_or_long.any() | outside.any()):  # one read of the device for a good call
+            return
+        if bool(short_or_long.any()):
+            at = int(short_or_long.nonzero()[0, 0])
             raise InvalidArgument(f"lengths[{at}]: {int(lengths[at])} is not in [1, seq = {seq}]; every item has at "
                                   "least one token, and no more than its row")
-        outside = (tokens < 0) | (tokens >= VOCABULARY)
         if bool(outside.any()):
             row, position = (int(k) for k in outside.nonzero()[0])
             raise InvalidArgument(f"tokens[{row}, {position}]: {int(tokens[row, position])} is not an id in "

@@ -116,6 +116,8 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
         return UFORM_INVALID("config.hidden: %u is not a positive multiple of 128 up to 16384", c->hidden);
     if (c->objective < uform_objective_masked_k || c->objective > uform_objective_joint_k)
         return UFORM_INVALID("config.objective: %d is not masked (1), contrastive (2) or joint (3)", (int)c->objective);
+    if ((unsigned)c->determinism > uform_determinism_fast_k)
+        return UFORM_INVALID("config.determinism: %d is not bitwise (1) or fast (2)", (int)c->determinism);
 
     UFORM_TRY(uform_fields_derive(c, 0, sizeof(*c), "config", 0, error));
     uform_batch_shape_t* batch = &c->batch;
@@ -147,8 +149,6 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     }
     if (!contrastive->matryoshka_dimensions_count) config->matryoshka[0] = c->hidden, contrastive->matryoshka_dimensions_count = 1;
     contrastive->matryoshka_dimensions = config->matryoshka;
-    if (c->determinism > uform_determinism_fast_k)
-        return UFORM_INVALID("config.determinism: %d is not bitwise (1) or fast (2)", (int)c->determinism);
     if (contrastive->negatives > uform_negatives_named_k)
         return UFORM_INVALID("config.contrastive.negatives: %d is not ambient (1) or named (2)",
                              (int)contrastive->negatives);
