@@ -354,8 +354,10 @@ def matmul_gelu(a, b, int threads=2, backend="ram"):
 
 
 def matmul_gelu_backward(a, b, up, int threads=2, backend="ram"):
-    """d_up = (a x b) * gelu'(up) of the fused slot; None where the backend has no slot."""
-    cdef Session s = Session(backend, threads)
+    """d_up = (a x b) * gelu'(up) of the fused slot, `up` as `matmul_gelu` left it; None where the backend
+    has no slot. The context is planned for a model whose MLP weight (4 hidden, hidden) holds b."""
+    cdef size_t planned = max(b.shape[0], (b.shape[1] + 3) // 4)
+    cdef Session s = Session(backend, threads, hidden=planned)
     if s.backend.matmul_gelu_backward == NULL:
         return None
     cdef size_t m = a.shape[0], k = a.shape[1], n = b.shape[1]

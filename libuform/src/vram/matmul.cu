@@ -1,7 +1,8 @@
 /**
  *  @file   matmul.cu
  *  @brief  d (m, n) = a (m, k) x b (k, n) [+ c] through cuBLASLt, bf16 operands, float32
- *          accumulation, with the GELU and GELU-gradient epilogues fused where the model asks.
+ *          accumulation, with the GELU and GELU-gradient epilogues fused where the model asks (the
+ *          gradient's, on Hopper, by the library's own kernel: `matmul_hopper.cuh`).
  *
  *  cuBLASLt is column-major; a row-major (m, n) matrix is its column-major transpose, so the
  *  row-major d = a x b is computed as the column-major d^T = b^T x a^T: the operands swap places
@@ -11,10 +12,12 @@
  */
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
 
+#include "matmul_hopper.cuh"
 #include "vram.h"
 
 namespace {
@@ -36,9 +39,30 @@ struct uform_vram_product_t {
     }
 };
 
-typedef std::map<uform_vram_shape_t, uform_vram_product_t*> uform_vram_products_t;
+struct uform_vram_products_t {
+    std::map<uform_vram_shape_t, uform_vram_product_t*> planned;
+    uform_hopper_encoder_t hopper = nullptr; /* the tensor-map encoder, where the library's Hopper kernels run */
+};
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
+
+/** Whether the library's Hopper kernel takes this product: cuBLASLt's dGELU epilogue ran at twice a plain product's time. */
+bool uform_vram_hopper(uform_vram_context_t* context, size_t n, size_t k) {
+    return ((uform_vram_products_t*)context->matmuls)->hopper && uform_hopper_fits(n, k);
+}
+
+/** b (rows, columns) row-major into b^T, 32 x 32 tiles through shared memory. */
+__global__ void uform_vram_transpose(uform_bf16_t* __restrict__ out, uform_bf16_t const* __restrict__ in, size_t rows,
+                                     size_t columns) {
+    __shared__ uform_bf16_t tile[32][33];
+    size_t row = blockIdx.y * 32 + threadIdx.y, column = blockIdx.x * 32 + threadIdx.x;
+    for (int i = 0; i < 32; i += 8)
+        if (row + i < rows && column < columns) tile[threadIdx.y + i][threadIdx.x] = in[(row + i) * columns + column];
+    __syncthreads();
+    row = blockIdx.x * 32 + threadIdx.y, column = blockIdx.y * 32 + threadIdx.x;
+    for (int i = 0; i < 32; i += 8)
+        if (row + i < columns && column < rows) out[(row + i) * rows + column] = tile[threadIdx.x][threadIdx.y + i];
+}
 
 uform_status_t uform_vram_blas(cublasStatus_t status, char const* call) {
     if (status == CUBLAS_STATUS_SUCCESS) return uform_status_success_k;
@@ -49,9 +73,9 @@ uform_status_t uform_vram_blas(cublasStatus_t status, char const* call) {
 /* Plans one product: the operands as cuBLASLt sees them (b first), the epilogue, the algorithm. */
 uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t const& shape,
                                uform_vram_product_t** planned) {
-    uform_vram_products_t* products = (uform_vram_products_t*)context->matmuls;
-    auto found = products->find(shape);
-    if (found != products->end()) {
+    auto& products = ((uform_vram_products_t*)context->matmuls)->planned;
+    auto found = products.find(shape);
+    if (found != products.end()) {
         *planned = found->second;
         return uform_status_success_k;
     }
@@ -107,7 +131,7 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
     cublasLtMatmulPreference_t preference = nullptr;
     if (status == uform_status_success_k)
         status = uform_vram_blas(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
-    size_t workspace = context->scratch_bytes[uform_vram_scratch_blas_k];
+    size_t workspace = uform_vram_blas_workspace_k;
     if (status == uform_status_success_k)
         status = uform_vram_blas(cublasLtMatmulPreferenceSetAttribute(preference,
                                                                       CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -130,7 +154,7 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
         return status;
     }
     product->algorithm = heuristic.algo;
-    (*products)[shape] = product;
+    products[shape] = product;
     *planned = product;
     return uform_status_success_k;
 }
@@ -162,20 +186,25 @@ uform_status_t uform_vram_product(void* context_, void* d, void const* c, void c
     return uform_vram_blas(cublasLtMatmul((cublasLtHandle_t)context->blas, product->description, &alpha, b, product->a,
                                           a, product->b, &beta, c ? c : d, product->c, d, product->d,
                                           &product->algorithm, context->scratch[uform_vram_scratch_blas_k],
-                                          context->scratch_bytes[uform_vram_scratch_blas_k], context->stream),
+                                          uform_vram_blas_workspace_k, context->stream),
                            "cublasLtMatmul");
 }
 
 } // namespace
 
+/* cuBLASLt's workspace, then the GELU backward product's operand transposed: (wide, hidden) bf16. */
 size_t uform_vram_blas_scratch(uform_plan_t const* plan) {
-    (void)plan;
-    return uform_vram_blas_workspace_k;
+    return uform_vram_blas_workspace_k + uform_mlp_ratio_k * plan->hidden * plan->hidden * sizeof(uform_bf16_t);
 }
 
 uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
-    context->matmuls = new (std::nothrow) uform_vram_products_t();
-    if (!context->matmuls) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for cuBLASLt's plans");
+    uform_vram_products_t* products = new (std::nothrow) uform_vram_products_t();
+    context->matmuls = products;
+    if (!products) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for cuBLASLt's plans");
+    /* UFORM_HOPPER_PRODUCTS=0 keeps cuBLASLt's epilogue on Hopper too: to compare the two. */
+    char const* wanted = getenv("UFORM_HOPPER_PRODUCTS");
+    if (uform_hopper_ready(context->ordinal) && !(wanted && !strcmp(wanted, "0")))
+        products->hopper = uform_hopper_encoder();
     cublasLtHandle_t handle = nullptr;
     uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
     context->blas = handle;
@@ -185,7 +214,7 @@ uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
 void uform_vram_matmul_close(uform_vram_context_t* context) {
     uform_vram_products_t* products = (uform_vram_products_t*)context->matmuls;
     if (products) {
-        for (auto& entry : *products) delete entry.second;
+        for (auto& entry : products->planned) delete entry.second;
         delete products;
     }
     if (context->blas) cublasLtDestroy((cublasLtHandle_t)context->blas);
@@ -203,7 +232,25 @@ uform_status_t uform_vram_matmul_gelu(void* context, void* activated, void* up, 
     return uform_vram_product(context, activated, nullptr, a, b, m, n, k, 0, 1, 0, uform_vram_gelu_k, up);
 }
 
-uform_status_t uform_vram_matmul_gelu_backward(void* context, void* d_up, void const* up, void const* a, void const* b,
+uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void const* up, void const* a, void const* b,
                                                size_t m, size_t n, size_t k) {
-    return uform_vram_product(context, d_up, nullptr, a, b, m, n, k, 0, 0, 0, uform_vram_gelu_backward_k, up);
+    uform_vram_context_t* context = uform_vram(context_);
+    if (!uform_vram_hopper(context, n, k))
+        return uform_vram_product(context, d_up, nullptr, a, b, m, n, k, 0, 0, 0, uform_vram_gelu_backward_k, up);
+    if (!m) return uform_status_success_k;
+    /* The kernels take b as (n, k): the weight transposed once a call, 2 MiB at hidden 512. */
+    uform_bf16_t* transposed = (uform_bf16_t*)((char*)context->scratch[uform_vram_scratch_blas_k] +
+                                               uform_vram_blas_workspace_k);
+    if (n * k > uform_mlp_ratio_k * context->plan.hidden * context->plan.hidden)
+        return uform_vram_fail(NULL, uform_status_device_k,
+                               "the GELU backward product's %zu x %zu operand outgrows its scratch", k, n);
+    uform_vram_transpose<<<dim3((unsigned)((n + 31) / 32), (unsigned)((k + 31) / 32)), dim3(32, 8), 0,
+                           context->stream>>>(transposed, (uform_bf16_t const*)b, k, n);
+    uform_status_t status = uform_vram_launched("uform_vram_transpose");
+    if (status != uform_status_success_k) return status;
+    return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
+                                                 context->multiprocessors, context->stream,
+                                                 uform_hopper_gelu_backward_k, (uform_bf16_t*)d_up,
+                                                 (uform_bf16_t const*)up, (uform_bf16_t const*)a, transposed, m, n, k),
+                            "the GELU backward product");
 }

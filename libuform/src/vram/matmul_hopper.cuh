@@ -1,0 +1,340 @@
+/**
+ *  @file   matmul_hopper.cuh
+ *  @brief  d (m, n) = epilogue(a (m, k) x b (n, k)^T) on Hopper's tensor cores, bf16 operands, float32
+ *          accumulation: the product whose epilogue cuBLASLt runs slowly (GELU's gradient).
+ *
+ *  Both operands are row-major with k contiguous ("K-major"). A persistent grid of one block a
+ *  multiprocessor walks 128 x 128 tiles of d. In a block, one thread loads 128 x 64 slices of a and b
+ *  with the tensor memory accelerator into a ring of five stages (128-byte swizzle, zeros past the
+ *  matrices' edges), and two warpgroups take the tiles in turn: each multiplies its tile's slices
+ *  with `wgmma` (two 64 x 128 x 16 instructions per 16 columns of k), holding the 128 x 128 sums in
+ *  registers, then runs the epilogue while the other warpgroup multiplies its own tile. The
+ *  epilogue passes each warp's rows through shared memory, so every load and store of d and aux is
+ *  256 contiguous bytes:
+ *
+ *    plain:          d = bf16(sum)                         (the bench's yardstick against cuBLASLt)
+ *    gelu_backward:  d = bf16(sum * gelu'(aux))            (aux: the sums before GELU, bf16)
+ *
+ *  GELU's slope takes the hardware's tanh: one special-function op an element, where `tanhf` or
+ *  an exponential and a division would make the epilogue outlast a k = 512 tile's products.
+ *
+ *  Every output element is one thread's sum over k in a fixed order: deterministic, no split of k.
+ *  The instructions exist on sm_90a only: compiled for another target the kernel is empty, and the
+ *  host must not launch it there (`uform_hopper_ready`).
+ */
+#ifndef UFORM_VRAM_MATMUL_HOPPER_CUH_
+#define UFORM_VRAM_MATMUL_HOPPER_CUH_
+
+#include <cuda.h> /* CUtensorMap and its encoder's signature: the function is found at run time */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+enum uform_hopper_epilogue_t {
+    uform_hopper_plain_k,
+    uform_hopper_gelu_backward_k,
+};
+
+namespace uform_hopper {
+
+constexpr int tile_m = 128, tile_n = 128, tile_k = 64, stages = 5;
+static_assert((2 * stages + 2) * 8 <= 128, "the barriers fit their 128 bytes");
+constexpr int consumers = 128, threads = 3 * consumers; /* two warpgroups multiply, one thread of the third loads */
+constexpr unsigned tile_bytes = tile_m * tile_k * 2;      /* one stage of a, and of b: 16 KiB each */
+constexpr size_t scratch_bytes = 2 * consumers / 32 * 8 * (tile_n + 8) * sizeof(float); /* see store_rows */
+constexpr size_t shared_bytes = 1024 /* alignment */ + 2 * stages * tile_bytes + 128 /* barriers */ + scratch_bytes;
+
+/** The slope of GELU (tanh form) at x, with the hardware's tanh (relative error about 2^-11). */
+__device__ __forceinline__ float gelu_slope(float x) {
+    float square = x * x, t;
+    float inner = x * fmaf(0.7978845608f * 0.044715f, square, 0.7978845608f);
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(inner));
+    float rise = fmaf(3.0f * 0.7978845608f * 0.044715f, square, 0.7978845608f); /* d inner / dx */
+    return fmaf(0.5f, t, 0.5f) + 0.5f * x * fmaf(-t, t, 1.0f) * rise;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t shared_address(void const* pointer) {
+    return (uint32_t)__cvta_generic_to_shared(pointer);
+}
+
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(count));
+}
+
+__device__ __forceinline__ void barrier_expect(uint64_t* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(uint64_t* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(barrier)) : "memory");
+}
+
+/** Waits until the barrier's phase of this parity has completed. */
+__device__ __forceinline__ void barrier_wait(uint64_t* barrier, unsigned parity) {
+    uint32_t done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(shared_address(barrier)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/** Loads the box at (column, row) of a 2-D tensor into shared memory, counted on `barrier`. */
+__device__ __forceinline__ void load_box(void* destination, CUtensorMap const* map, uint64_t* barrier, int column,
+                                         int row) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4}], [%2];"
+                 :
+                 : "r"(shared_address(destination)), "l"(map), "r"(shared_address(barrier)), "r"(column), "r"(row)
+                 : "memory");
+}
+
+/** A shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte swizzle, 8-row groups 1 KiB apart. */
+__device__ __forceinline__ uint64_t descriptor(void const* pointer) {
+    uint64_t address = shared_address(pointer);
+    return ((address & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+/** d (64 x 128, this warpgroup's fragment) += a (64 x 16) x b (128 x 16)^T, or = when `accumulate` is 0. */
+__device__ __forceinline__ void multiply(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+#define UFORM_F8(i)                                                                                                    \
+    "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]),    \
+        "+f"(d[i + 7])
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, 0, 0; }"
+                 : UFORM_F8(0), UFORM_F8(8), UFORM_F8(16), UFORM_F8(24), UFORM_F8(32), UFORM_F8(40), UFORM_F8(48),
+                   UFORM_F8(56)
+                 : "l"(a), "l"(b), "r"(accumulate));
+#undef UFORM_F8
+}
+
+/** Keeps the compiler from moving reads or writes of the sums across the asynchronous products. */
+__device__ __forceinline__ void pin(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i != 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#endif
+
+struct arguments_t {
+    __nv_bfloat16* d;
+    __nv_bfloat16 const* aux; /* gelu_backward_k: the sums before GELU */
+    int m, n, k;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/** Four bf16 values of one 8-byte load as floats, and back. */
+__device__ __forceinline__ float4 unpack4(uint2 bits) {
+    float2 low = __bfloat1622float2(*(__nv_bfloat162*)&bits.x), high = __bfloat1622float2(*(__nv_bfloat162*)&bits.y);
+    return make_float4(low.x, low.y, high.x, high.y);
+}
+
+__device__ __forceinline__ uint2 pack4(float4 values) {
+    __nv_bfloat162 low = __floats2bfloat162_rn(values.x, values.y), high = __floats2bfloat162_rn(values.z, values.w);
+    return make_uint2(*(uint32_t*)&low, *(uint32_t*)&high);
+}
+
+/*  The epilogue of 8 rows of a warp's fragment (`below`: the upper or lower 8 of its 16), by way of
+    the warp's own 8 x 128 float32 scratch in shared memory: a fragment spreads each row over 4
+    lanes and 16 registers, while a row of the scratch is read by all 32 lanes, 4 columns each, so
+    every global load and store of the warp is 256 contiguous bytes. A scratch row is padded by 32
+    bytes, so the fragment's writes fall on distinct banks. */
+constexpr int scratch_row_floats = tile_n + 8;
+
+template <uform_hopper_epilogue_t epilogue>
+__device__ __forceinline__ void store_rows(float const (&sums)[64], int below, float* scratch, int row0, int column0,
+                                           arguments_t const& args) {
+    int const lane = threadIdx.x % 32;
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j != 16; ++j)
+        *(float2*)(scratch + (lane / 4) * scratch_row_floats + 8 * j + 2 * (lane % 4)) =
+            make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
+    __syncwarp();
+    int column = column0 + 4 * lane;
+    if (column >= args.n) return;
+    int rows = args.m - row0 < 8 ? args.m - row0 : 8;
+    uint2 loaded[8]; /* every row's sums before GELU, loaded before any store so their latencies overlap */
+    if (epilogue == uform_hopper_gelu_backward_k) {
+#pragma unroll
+        for (int r = 0; r != 8; ++r)
+            if (r < rows) loaded[r] = *(uint2 const*)(args.aux + (size_t)(row0 + r) * args.n + column);
+    }
+#pragma unroll
+    for (int r = 0; r != 8; ++r) {
+        if (r >= rows) break;
+        float4 x = *(float4 const*)(scratch + r * scratch_row_floats + 4 * lane);
+        size_t at = (size_t)(row0 + r) * args.n + column;
+        if (epilogue == uform_hopper_gelu_backward_k) {
+            float4 up = unpack4(loaded[r]);
+            x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y), x.z *= gelu_slope(up.z), x.w *= gelu_slope(up.w);
+        }
+        *(uint2*)(args.d + at) = pack4(x);
+    }
+}
+
+#endif
+
+/*  Two warpgroups multiply, taking the block's tiles in turn (the block's i-th tile goes to
+    warpgroup i % 2), so one's epilogue runs while the other's products do. Slices of every tile
+    pass through one ring of stages in the block's tile order: slice s of the block's i-th tile is
+    the ring's (i * slices + s)-th entry. A warpgroup starts waiting for its tile's slices only once
+    the other has received all of the previous tile's: a stage's barrier tells one pass round the
+    ring from the next by parity alone, so no waiter may be two passes ahead of the loads. */
+template <uform_hopper_epilogue_t epilogue>
+__global__ void __launch_bounds__(threads, 1)
+    product(__grid_constant__ CUtensorMap const a_map, __grid_constant__ CUtensorMap const b_map, arguments_t args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint8_t raw[];
+    uint8_t* base = (uint8_t*)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023); /* the swizzle needs 1 KiB alignment */
+    uint8_t* a_stages = base;
+    uint8_t* b_stages = base + stages * tile_bytes;
+    uint64_t* full = (uint64_t*)(base + 2 * stages * tile_bytes);
+    uint64_t* empty = full + stages;
+    uint64_t* order = empty + stages; /* order[g]: warpgroup g may start its next tile's products */
+    float* scratches = (float*)(base + 2 * stages * tile_bytes + 128); /* each consumer warp's epilogue rows */
+    int const columns_of_tiles = (args.n + tile_n - 1) / tile_n;
+    int const tiles = ((args.m + tile_m - 1) / tile_m) * columns_of_tiles, slices = (args.k + tile_k - 1) / tile_k;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s != stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], 4);
+        barrier_init(&order[0], 4), barrier_init(&order[1], 4);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (threadIdx.x >= 2 * consumers) { /* the loading warpgroup gives its registers up; one thread issues every copy */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x != 2 * consumers) return;
+        unsigned entry = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int row = (tile / columns_of_tiles) * tile_m, column = (tile % columns_of_tiles) * tile_n;
+            for (int slice = 0; slice != slices; ++slice, ++entry) {
+                int stage = entry % stages;
+                barrier_wait(&empty[stage], ((entry / stages) & 1) ^ 1);
+                barrier_expect(&full[stage], 2 * tile_bytes);
+                load_box(a_stages + stage * tile_bytes, &a_map, &full[stage], slice * tile_k, row);
+                load_box(b_stages + stage * tile_bytes, &b_map, &full[stage], slice * tile_k, column);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    int const group = threadIdx.x / consumers, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    float upper[64], lower[64]; /* the tile's rows 0-63 and 64-127 */
+    unsigned turn = group;      /* the block's tile sequence number */
+    for (int tile = blockIdx.x + group * gridDim.x; tile < tiles; tile += 2 * gridDim.x, turn += 2) {
+        int row0 = (tile / columns_of_tiles) * tile_m, column0 = (tile % columns_of_tiles) * tile_n;
+        unsigned entry = turn * slices;
+        if (turn > 0) barrier_wait(&order[group], ((turn - 1) / 2) & 1);
+        int released = -1; /* the stage whose products are still running, freed once they finish */
+        for (int slice = 0; slice != slices; ++slice, ++entry) {
+            int stage = entry % stages;
+            barrier_wait(&full[stage], (entry / stages) & 1);
+            pin(upper), pin(lower);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            uint8_t const* a_tile = a_stages + stage * tile_bytes;
+            uint8_t const* b_tile = b_stages + stage * tile_bytes;
+#pragma unroll
+            for (int step = 0; step != tile_k / 16; ++step) { /* 16 columns of k are 32 bytes along a row */
+                int accumulate = slice > 0 || step > 0;
+                multiply(upper, descriptor(a_tile + step * 32), descriptor(b_tile + step * 32), accumulate);
+                multiply(lower, descriptor(a_tile + 64 * 128 + step * 32), descriptor(b_tile + step * 32), accumulate);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            pin(upper), pin(lower);
+            if (released >= 0 && lane == 0) barrier_arrive(&empty[released]);
+            released = stage;
+        }
+        if (lane == 0) barrier_arrive(&order[group ^ 1]); /* every slice of this tile has arrived */
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        pin(upper), pin(lower);
+        if (released >= 0 && lane == 0) barrier_arrive(&empty[released]);
+
+        /* A 64 x 128 fragment: thread (warp w, lane l) holds, for j in 0..15, columns 8j + 2(l % 4) and
+           the next, in row 16w + l / 4 (values 4j, 4j + 1) and 8 rows below (4j + 2, 4j + 3). */
+        float* scratch = scratches + (threadIdx.x / 32) * 8 * scratch_row_floats;
+        int row = row0 + warp * 16;
+        store_rows<epilogue>(upper, 0, scratch, row, column0, args);
+        store_rows<epilogue>(upper, 1, scratch, row + 8, column0, args);
+        store_rows<epilogue>(lower, 0, scratch, row + 64, column0, args);
+        store_rows<epilogue>(lower, 1, scratch, row + 72, column0, args);
+    }
+#endif
+}
+
+} // namespace uform_hopper
+
+typedef CUresult (*uform_hopper_encoder_t)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, cuuint64_t const*,
+                                           cuuint64_t const*, cuuint32_t const*, cuuint32_t const*,
+                                           CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                           CUtensorMapFloatOOBfill);
+
+/** The driver's tensor-map encoder, or NULL where the driver lacks it. */
+static inline uform_hopper_encoder_t uform_hopper_encoder(void) {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        return nullptr;
+    return (uform_hopper_encoder_t)function;
+}
+
+/** Whether the device runs these kernels: Hopper's 9.0, the target they are compiled for. */
+static inline bool uform_hopper_ready(int ordinal) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+    return major == 9 && minor == 0;
+}
+
+/** Whether a product of this shape fits the kernels: rows of 16-byte multiples, sizes in an `int`. */
+static inline bool uform_hopper_fits(size_t n, size_t k) {
+    return k && n % 8 == 0 && k % 8 == 0 && n < (1u << 30) && k < (1u << 30);
+}
+
+/** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), both row-major. */
+static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
+                                               uform_hopper_epilogue_t epilogue, __nv_bfloat16* d,
+                                               __nv_bfloat16 const* aux, __nv_bfloat16 const* a,
+                                               __nv_bfloat16 const* b, size_t m, size_t n, size_t k) {
+    using namespace uform_hopper;
+    if (!m) return cudaSuccess;
+    if (!uform_hopper_fits(n, k) || m >= (1u << 30) || (uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)d % 16 ||
+        (uintptr_t)aux % 16)
+        return cudaErrorMisalignedAddress;
+    CUtensorMap a_map, b_map;
+    cuuint64_t a_sizes[2] = {k, m}, b_sizes[2] = {k, n}, strides[1] = {k * 2};
+    cuuint32_t box[2] = {tile_k, tile_m}, unit[2] = {1, 1};
+    if (encode(&a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)a, a_sizes, strides, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
+        encode(&b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)b, b_sizes, strides, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    arguments_t args = {d, aux, (int)m, (int)n, (int)k};
+    size_t tiles = ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
+    size_t pairs = (tiles + 1) / 2; /* a block's two warpgroups take a tile each at a time */
+    unsigned blocks = (unsigned)(pairs < (size_t)multiprocessors ? pairs : (size_t)multiprocessors);
+    void (*kernel)(CUtensorMap, CUtensorMap, arguments_t) =
+        epilogue == uform_hopper_plain_k ? product<uform_hopper_plain_k> : product<uform_hopper_gelu_backward_k>;
+    cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
+    if (error != cudaSuccess) return error;
+    kernel<<<blocks, threads, shared_bytes, stream>>>(a_map, b_map, args);
+    return cudaGetLastError();
+}
+
+#endif
