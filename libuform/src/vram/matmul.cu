@@ -46,9 +46,12 @@ struct uform_vram_products_t {
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
 
-/** Whether the library's Hopper kernel takes this product: cuBLASLt's dGELU epilogue ran at twice a plain product's time. */
-bool uform_vram_hopper(uform_vram_context_t* context, size_t n, size_t k) {
-    return ((uform_vram_products_t*)context->matmuls)->hopper && uform_hopper_fits(n, k);
+/** Whether the library's Hopper kernel takes GELU's gradient: cuBLASLt's dGELU epilogue ran at twice a plain
+ *  product's time. Elsewhere, or for a shape or operand it does not take, cuBLASLt does. */
+bool uform_vram_hopper_takes(uform_vram_context_t* context, size_t m, size_t n, size_t k, void const* a, void const* d,
+                             void const* up) {
+    return ((uform_vram_products_t*)context->matmuls)->hopper && uform_hopper_fits(m, n, k) &&
+           uform_hopper_aligned(a, nullptr /* b: transposed into scratch */, d, up) && n * k <= uform_mlp_ratio_k * context->plan.hidden * context->plan.hidden;
 }
 
 /** b (rows, columns) row-major into b^T, 32 x 32 tiles through shared memory. */
@@ -235,15 +238,11 @@ uform_status_t uform_vram_matmul_gelu(void* context, void* activated, void* up, 
 uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void const* up, void const* a, void const* b,
                                                size_t m, size_t n, size_t k) {
     uform_vram_context_t* context = uform_vram(context_);
-    if (!uform_vram_hopper(context, n, k))
+    if (!m || !uform_vram_hopper_takes(context, m, n, k, a, d_up, up))
         return uform_vram_product(context, d_up, nullptr, a, b, m, n, k, 0, 0, 0, uform_vram_gelu_backward_k, up);
-    if (!m) return uform_status_success_k;
-    /* The kernels take b as (n, k): the weight transposed once a call, 2 MiB at hidden 512. */
+    /* The kernel takes b as (n, k): the weight transposed once a call, 2 MiB at hidden 512, after cuBLASLt's workspace. */
     uform_bf16_t* transposed = (uform_bf16_t*)((char*)context->scratch[uform_vram_scratch_blas_k] +
                                                uform_vram_blas_workspace_k);
-    if (n * k > uform_mlp_ratio_k * context->plan.hidden * context->plan.hidden)
-        return uform_vram_fail(NULL, uform_status_device_k,
-                               "the GELU backward product's %zu x %zu operand outgrows its scratch", k, n);
     uform_vram_transpose<<<dim3((unsigned)((n + 31) / 32), (unsigned)((k + 31) / 32)), dim3(32, 8), 0,
                            context->stream>>>(transposed, (uform_bf16_t const*)b, k, n);
     uform_status_t status = uform_vram_launched("uform_vram_transpose");

@@ -19,8 +19,9 @@
  *  an exponential and a division would make the epilogue outlast a k = 512 tile's products.
  *
  *  Every output element is one thread's sum over k in a fixed order: deterministic, no split of k.
- *  The instructions exist on sm_90a only: compiled for another target the kernel is empty, and the
- *  host must not launch it there (`uform_hopper_ready`).
+ *  The instructions exist on sm_90a only: the host launches the kernel on compute capability 9.0
+ *  alone (`uform_hopper_ready`), and a build of it for another target traps rather than return
+ *  without writing d (as it would where the driver compiled the PTX, e.g. `CUDA_FORCE_PTX_JIT=1`).
  */
 #ifndef UFORM_VRAM_MATMUL_HOPPER_CUH_
 #define UFORM_VRAM_MATMUL_HOPPER_CUH_
@@ -271,6 +272,8 @@ __global__ void __launch_bounds__(threads, 1)
         store_rows<epilogue>(lower, 0, scratch, row + 64, column0, args);
         store_rows<epilogue>(lower, 1, scratch, row + 72, column0, args);
     }
+#else
+    __trap(); /* built without sm_90a's instructions: fail loudly, never leave d unwritten */
 #endif
 }
 
@@ -300,28 +303,35 @@ static inline bool uform_hopper_ready(int ordinal) {
     return major == 9 && minor == 0;
 }
 
-/** Whether a product of this shape fits the kernels: rows of 16-byte multiples, sizes in an `int`. */
-static inline bool uform_hopper_fits(size_t n, size_t k) {
-    return k && n % 8 == 0 && k % 8 == 0 && n < (1u << 30) && k < (1u << 30);
+/** Whether the kernels take a product of this shape: rows of 16-byte multiples, sizes and ring entries in 32 bits,
+ *  k under 2^21 (its transposing caller's grid). */
+static inline bool uform_hopper_fits(size_t m, size_t n, size_t k) {
+    if (!n || !k || n % 8 || k % 8 || m >= (1u << 30) || n >= (1u << 30) || k >= (1u << 21)) return false;
+    using namespace uform_hopper;
+    return ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n) * ((k + tile_k - 1) / tile_k) < (1u << 31);
 }
 
-/** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), both row-major. */
+/** Whether every operand starts on 16 bytes, as the tensor maps and the epilogue's vectors need. */
+static inline bool uform_hopper_aligned(void const* a, void const* b, void const* d, void const* aux) {
+    return !((uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)d % 16 || (uintptr_t)aux % 16);
+}
+
+/** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), both row-major. The caller checks
+ *  `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse. */
 static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                                uform_hopper_epilogue_t epilogue, __nv_bfloat16* d,
                                                __nv_bfloat16 const* aux, __nv_bfloat16 const* a,
                                                __nv_bfloat16 const* b, size_t m, size_t n, size_t k) {
     using namespace uform_hopper;
     if (!m) return cudaSuccess;
-    if (!uform_hopper_fits(n, k) || m >= (1u << 30) || (uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)d % 16 ||
-        (uintptr_t)aux % 16)
-        return cudaErrorMisalignedAddress;
+    if (!uform_hopper_fits(m, n, k) || !uform_hopper_aligned(a, b, d, aux)) return cudaErrorInvalidValue;
     CUtensorMap a_map, b_map;
     cuuint64_t a_sizes[2] = {k, m}, b_sizes[2] = {k, n}, strides[1] = {k * 2};
-    cuuint32_t box[2] = {tile_k, tile_m}, unit[2] = {1, 1};
-    if (encode(&a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)a, a_sizes, strides, box, unit,
+    cuuint32_t a_box[2] = {tile_k, tile_m}, b_box[2] = {tile_k, tile_n}, unit[2] = {1, 1};
+    if (encode(&a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)a, a_sizes, strides, a_box, unit,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-        encode(&b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)b, b_sizes, strides, box, unit,
+        encode(&b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)b, b_sizes, strides, b_box, unit,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
