@@ -240,6 +240,62 @@ def test_bad_records_are_refused_when_asked_naming_the_first(tmp_path):
                 next(stream)
 
 
+def test_a_shard_that_breaks_off_ends_with_a_bad_record_saying_where(tmp_path):
+    whole = write_tar(tmp_path / "whole.tar", [(f"k{i}", dict(jpg=JPEG, txt=f"caption {i}".encode())) for i in range(10)])
+    with tarfile.open(whole) as archive:
+        members = archive.getmembers()
+    data = open(whole, "rb").read()
+    columns, big = dict(jpg="image", txt="text"), dict(CONFIG, batch=dict(max_rows_per_device=64, max_columns_per_row=64))
+    # Cut inside a header, exactly between members, and inside a caption's bytes (a download cut short).
+    for name, end, good in (("header", members[12].offset + 100, 6), ("boundary", members[12].offset, 6),
+                            ("data", members[13].offset_data + 3, 6)):
+        path = tmp_path / f"cut-{name}.tar"
+        path.write_bytes(data[:end])
+        with Stream(dict(paths=[str(path)], columns=columns, shuffle_buffer=0), big) as stream:
+            step = next(stream)
+        assert len(step.locations) == good, name
+        assert any(re.match(rf"{re.escape(str(path))}:byte \d+: the shard breaks off here \(.+\); any records after "
+                            "this point are lost", message) for message in step.bad_records), step.bad_records
+        if name == "data":  # the sample whose caption was cut is bad too, saying so
+            assert any(message.startswith(f"{path}:k6: 'txt' is cut short") for message in step.bad_records)
+        with Stream(dict(paths=[str(path)], columns=columns, shuffle_buffer=0, bad_records="refuse"), big) as stream:
+            with pytest.raises(BadRecord, match="breaks off here|cut short"):
+                next(stream)
+    with Stream(dict(paths=[whole], columns=columns, shuffle_buffer=0), big) as stream:
+        assert next(stream).bad_records == []  # an archive with its end marker ends quietly
+
+
+def test_a_shard_of_another_layout_is_refused_naming_it(tmp_path):
+    jsonl = write_jsonl(tmp_path / "pairs.jsonl", pairs(3))
+    with pytest.raises(uform.InvalidArgument, match=r"^data.paths: .*pairs.jsonl: no tar archive \("):
+        Stream(dict(paths=[jsonl], columns=PAIRS, format="tar"), CONFIG)
+    whole = write_tar(tmp_path / "a.tar", [("k0", dict(jpg=JPEG, txt=b"zero"))])
+    with pytest.raises(uform.InvalidArgument, match=r"^data.paths: .*a.tar: its first line is no JSON object"):
+        Stream(dict(paths=[whole], columns=dict(jpg="image", txt="text"), format="jsonl"), CONFIG)
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet
+
+    parquet = tmp_path / "pairs.parquet"
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(pairs(50)), str(parquet))
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(parquet.read_bytes()[:300])
+    with pytest.raises(uform.InvalidArgument, match=r"^data.paths: .*cut.parquet: no Parquet file \("):
+        Stream(dict(paths=[str(cut)], columns=PAIRS), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match=r"^data.paths: .*pairs.jsonl: no Parquet file \("):
+        Stream(dict(paths=[jsonl], columns=PAIRS, format="parquet"), CONFIG)
+
+
+def test_a_csv_field_over_the_readers_limit_ends_the_shard_with_a_bad_record(tmp_path):
+    path = tmp_path / "long.csv"
+    path.write_text("question,answer\nq0,a0\nq1," + "x" * 200_000 + "\nq2,a2\n")
+    big = dict(CONFIG, batch=dict(max_rows_per_device=64, max_columns_per_row=64))
+    with Stream(dict(paths=[str(path)], columns=PAIRS, shuffle_buffer=0), big) as stream:
+        step = next(stream)
+    assert step.locations == [f"{path}:0"]
+    assert [message.split(": ")[0] for message in step.bad_records] == [f"{path}:line 3"], step.bad_records
+    assert "field larger than field limit" in step.bad_records[0]
+
+
 # ---------------------------------------------------------------------------------------------- #
 #  The order: keyed on the seed, packed, shared among processes, resumed exactly                   #
 # ---------------------------------------------------------------------------------------------- #
@@ -295,6 +351,10 @@ def test_a_resumed_stream_continues_exactly_mid_epoch_and_across_epochs(shards):
     partial = {name: value for name, value in expected[0].cursor.items() if name != "seed"}
     with pytest.raises(uform.InvalidArgument, match=r"^cursor: lacks seed; "):
         stream_of(shards, cursor=partial)
+    with pytest.raises(uform.InvalidArgument, match=r"^cursor.shard: 3 is past the last of the 3 shards"):
+        stream_of(shards, cursor=dict(expected[0].cursor, shard=3))
+    with pytest.raises(uform.InvalidArgument, match=r"^process_count: 0; "):
+        stream_of(shards, 0, 0)
 
 
 def test_processes_share_the_one_sequence_and_resume_onto_another_count(shards):

@@ -182,6 +182,8 @@ def make_group(dataset: Dataset, location: str, values: Any, folder: str) -> Gro
     """The group one record makes, or `BadRecord` naming `location` and what is wrong. Reads no media file."""
     if values is None:
         raise BadRecord(f"{location}: not a record (a line that is no JSON object?)")
+    if isinstance(values, InvalidArgument):  # a shard that breaks off: the reader says where and how
+        raise BadRecord(f"{location}: {values}")
     items = [(modality, _value(values, column, modality, location)) for column, modality in dataset.columns.items()]
     columns = list(dataset.columns)
     positives = len(items)
@@ -267,7 +269,7 @@ def load_media(group: Group) -> Group:
             named = f"{group.location}: {column_of(group, index)!r}"
             try:
                 value = read_media(value, group.folder)
-            except (OSError, TypeError) as error:
+            except (OSError, EOFError, TypeError) as error:
                 if isinstance(error, FileNotFoundError) and isinstance(value, str):  # often text in a media column
                     shown = value if len(value) <= 60 else value[:57] + "..."
                     raise BadRecord(f"{named} names no file ({shown!r}); a column declared {modality.value} "

@@ -6,6 +6,10 @@ holds. Text columns arrive as `str`; media columns as `bytes`, a path (`str`, fr
 against the table's folder), or a `FileSlice` read only when its batch is assembled, so a process
 never reads the pictures of the records other processes train on. Every reader can start at a
 record number, which is how a resumed stream continues mid-shard without replaying what came before.
+
+A shard that breaks off (a download cut short, a damaged file) ends with one more record whose
+values are an `InvalidArgument` saying where and how: the stream counts it as a bad record, or
+refuses it, as the dataset asks, so no record is lost without a word.
 """
 
 from __future__ import annotations
@@ -35,7 +39,24 @@ class FileSlice:
     def read(self) -> bytes:
         with open(self.path, "rb") as file:
             file.seek(self.offset)
-            return file.read(-1 if self.size is None else self.size)
+            return _whole(file.read(-1 if self.size is None else self.size), self.size)
+
+
+def _whole(data: bytes, size: Optional[int]) -> bytes:
+    """`data`, unless a member's bytes stop short of the size its header gave: an archive cut short."""
+    if size is not None and len(data) < size:
+        raise EOFError(f"cut short: the file ends {len(data)} bytes into this {size}-byte member")
+    return data
+
+
+def _broken(where: str, reason: object) -> Tuple[str, InvalidArgument]:
+    """The record a shard ends with where it breaks off: the stream names it as bad."""
+    return where, InvalidArgument(f"the shard breaks off here ({reason}); any records after this point are lost")
+
+
+def _unreadable(reason: str) -> Tuple[str, InvalidArgument]:
+    """The one record of a shard that is no file of its layout at all."""
+    return "byte 0", InvalidArgument(reason)
 
 
 def shard_format(path: str, given: Optional[str], field_path: str = "data.paths") -> str:
@@ -81,29 +102,50 @@ def read_jsonl(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) ->
 def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """A header row names the columns; every later row is a record (quoted fields may span lines)."""
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as file:
-        rows = csv.DictReader(file)
-        for number, row in enumerate(itertools.islice(rows, start, None), start):
-            yield str(number), {key: value for key, value in row.items() if key is not None}
+        rows, number = csv.DictReader(file), start
+        try:
+            for number, row in enumerate(itertools.islice(rows, start, None), start):
+                yield str(number), {key: value for key, value in row.items() if key is not None}
+            return
+        except csv.Error as error:  # a NUL byte, a field over the module's limit: the reader cannot go on
+            yield _broken(f"line {rows.line_num + 1}", error)  # the line it could not read
 
 
 def read_parquet(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """Row groups are read one at a time; a resumed stream skips whole row groups by their row counts."""
-    parquet = _pyarrow_parquet()
-    table = parquet.ParquetFile(path)
-    first = 0
+    parquet, first = _pyarrow_parquet(), 0
+    try:
+        table = parquet.ParquetFile(path)
+    except Exception as error:  # pyarrow's own errors: no Parquet file at all
+        if start == 0:
+            yield _unreadable(f"no Parquet file ({_pyarrow_reason(error)})")
+        return
     for group in range(table.num_row_groups):
         rows = table.metadata.row_group(group).num_rows
         if first + rows <= start:
             first += rows
             continue
-        for offset, values in enumerate(table.read_row_group(group).to_pylist()):
+        try:
+            values_of_rows = table.read_row_group(group).to_pylist()
+        except Exception as error:
+            yield _broken(f"row group {group}", _pyarrow_reason(error))
+            return
+        for offset, values in enumerate(values_of_rows):
             if first + offset >= start:
                 yield str(first + offset), values
         first += rows
 
 
+def _pyarrow_reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}".strip()
+
+
 def parquet_columns(path: str) -> List[str]:
-    return list(_pyarrow_parquet().ParquetFile(path).schema_arrow.names)
+    parquet = _pyarrow_parquet()
+    try:
+        return list(parquet.ParquetFile(path).schema_arrow.names)
+    except Exception as error:
+        raise InvalidArgument(f"data.paths: {path}: no Parquet file ({_pyarrow_reason(error)})") from None
 
 
 def _pyarrow_parquet():
@@ -140,6 +182,8 @@ def _sample(key: str, files: Dict[str, Any], text_columns: Tuple[str, ...], read
                 values[extension] = read(where).decode("utf-8")
             except UnicodeDecodeError as error:
                 values[extension] = InvalidArgument(f"not UTF-8 ({error.reason} at byte {error.start})")
+            except EOFError as error:
+                values[extension] = InvalidArgument(str(error))
         else:
             values[extension] = where
     return key, values
@@ -149,14 +193,29 @@ def read_tar(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> I
     """Consecutive members sharing a key make a record, as WebDataset writes them. Members are found
     by their headers alone: a skipped or foreign record's data is never read. A leading `./` (as
     `tar -C folder .` writes) is no part of a key. A key that comes back after another sample's files
-    is refused: the archive was written in directory order, not with each sample's files together."""
-    with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r:") as archive:
+    is refused: the archive was written in directory order, not with each sample's files together.
+    An archive that stops before its end marker (two blocks of zeros) ends with a broken record."""
+    with open(path, "rb") as file:
+        try:
+            archive = tarfile.open(fileobj=file, mode="r:")
+        except tarfile.TarError as error:  # no tar header where the file starts
+            if start == 0:
+                yield _unreadable(f"no tar archive ({error})")
+            return
+
         def read(where: FileSlice) -> bytes:
             file.seek(where.offset)
-            return file.read(where.size)
+            return _whole(file.read(where.size), where.size)
 
-        number, key, files, ended = -1, None, {}, set()
-        for member in archive:
+        number, key, files, ended, members, broken = -1, None, {}, set(), iter(archive), None
+        while True:
+            try:
+                member = next(members)
+            except StopIteration:
+                break
+            except tarfile.TarError as error:  # tarfile notices a member's data cut short
+                broken = str(error)
+                break
             if not member.isfile():
                 continue
             name = member.name[2:] if member.name.startswith("./") else member.name
@@ -175,6 +234,12 @@ def read_tar(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> I
                 files[extension] = FileSlice(path, member.offset_data, member.size)
         if key is not None and number >= start:
             yield _sample(key, files, text_columns, read)
+        file.seek(archive.offset)  # where tarfile stopped: the end marker, or where the archive broke off
+        end = file.read(tarfile.BLOCKSIZE)
+        if broken is None and (len(end) < tarfile.BLOCKSIZE or end.strip(b"\0")):
+            broken = "the file ends without the archive's end marker" if not end else "no valid member header follows"
+        if broken is not None and number + 1 >= start:
+            yield _broken(f"byte {archive.offset}", broken)
 
 
 def read_folder(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
@@ -202,6 +267,11 @@ def columns_of_first_record(path: str, layout: str) -> Optional[List[str]]:
     first = next(READERS[layout](path), None)
     if first is None:
         return None
+    if isinstance(first[1], InvalidArgument):
+        raise InvalidArgument(f"data.paths: {path}: {first[1]}")
+    if first[1] is None and layout == "jsonl":
+        raise InvalidArgument(f"data.paths: {path}: its first line is no JSON object; if it is no JSONL file, name its "
+                              "layout in data.format")
     return list(first[1] or {})
 
 

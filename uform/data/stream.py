@@ -165,7 +165,9 @@ class Stream:
         self.dataset = normalize_dataset(dataset)
         normalized = normalize_trainer_config(config)
         self.seed = normalized["seed"]
-        self.count = max(1, unsigned(process_count, 32, "process_count"))
+        self.count = unsigned(process_count, 32, "process_count")
+        if not self.count:
+            raise InvalidArgument("process_count: 0; a stream is read by one process or more")
         self.index = unsigned(process_index, 32, "process_index")
         if self.index >= self.count:
             raise InvalidArgument(f"process_index: {self.index} is not below process_count = {self.count}")
@@ -211,6 +213,9 @@ class Stream:
                                   "same shards")
         for name in _CURSOR_FIELDS:
             fresh[name] = unsigned(cursor.get(name), 64, f"cursor.{name}")
+        if fresh["shard"] >= len(self.shards):
+            raise InvalidArgument(f"cursor.shard: {fresh['shard']} is past the last of the {len(self.shards)} shards; "
+                                  "a StepBatch.cursor never is")
         return fresh
 
     # -- the sequence every process reads alike ------------------------------------------------ #
