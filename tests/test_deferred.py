@@ -134,6 +134,26 @@ async def test_errors_surface_where_awaited(trainer):
     assert "failed: InvalidArgument" in repr(refused_by_c)
 
 
+def test_an_error_nobody_retrieved_is_logged_once_its_deferred_is_dropped(trainer, tmp_path, caplog):
+    import gc
+
+    deferred = trainer.deferred()
+    deferred.save(str(tmp_path / "absent" / "x.safetensors"))  # dropped at once, before it lands
+    failed = deferred.step(pair_batch(bags=[0, 1, 2]))
+    retrieved = deferred.step(pair_batch(bags=[0, 1, 2]))
+    with pytest.raises(uform.InvalidArgument):
+        retrieved.wait()
+    good = deferred.step(pair_batch())
+    good.wait()
+    del failed, retrieved, good
+    gc.collect()
+    logged = [record for record in caplog.records if record.name == "uform"]
+    assert [record.getMessage() for record in logged] == [
+        "the deferred save failed, and its Deferred was dropped without being awaited or waited for",
+        "the deferred step failed, and its Deferred was dropped without being awaited or waited for"]
+    assert "absent" in str(logged[0].exc_info[1]) and isinstance(logged[1].exc_info[1], uform.InvalidArgument)
+
+
 def test_blocking_verbs_wait_behind_deferred_ones(slow, tmp_path):
     deferred = slow.deferred()
     queued = [deferred.step(slow_batch()) for _ in range(2)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import logging
 import queue
 import threading
 import weakref
@@ -27,15 +28,19 @@ class Deferred:
     """The answer of a deferred verb, before and after it lands.
 
     `await deferred` and `deferred.wait()` both return the verb's result (a `Stepped` for `step`,
-    None for `save`, `Rows` for `embed`, `Answers` for `embed_tokens` and `text_choose`) or raise its error. Cancelling the awaiting task stops the waiting, never the
-    verb: a submitted verb always runs.
+    None for `save`, `Rows` for `embed`, `Answers` for `embed_tokens` and `text_choose`) or raise its
+    error. Cancelling the awaiting task stops the waiting, never the verb: a submitted verb always runs.
+    A verb's error that nobody awaited or waited for is logged (logger "uform") once its `Deferred`
+    is collected, as asyncio logs a task's exception that was never retrieved: a fire-and-forget
+    save that failed does not fail silently.
     """
 
-    __slots__ = ("_future", "_verb")
+    __slots__ = ("_future", "_verb", "_retrieved")
 
     def __init__(self, future: concurrent.futures.Future, verb: str) -> None:
         self._future = future
         self._verb = verb
+        self._retrieved = False
 
     @classmethod
     def _failed(cls, error: BaseException, verb: str) -> "Deferred":
@@ -59,6 +64,7 @@ class Deferred:
         landed, _ = concurrent.futures.wait([self._future], timeout)
         if not landed:
             raise TimeoutError(f"the deferred {self._verb} did not land within {timeout} s")
+        self._retrieved = True
         return self._future.result()
 
     def __await__(self):
@@ -78,7 +84,12 @@ class Deferred:
 
             self._future.add_done_callback(notify)
             yield from landed.__await__()
+        self._retrieved = True
         return self._future.result()
+
+    def __del__(self) -> None:
+        if not self._retrieved:  # pending or landed: its error, if any, is told once it has one
+            self._future.add_done_callback(_VerbReport(self._verb))
 
     def __repr__(self) -> str:
         if not self._future.done():
@@ -88,6 +99,24 @@ class Deferred:
         else:
             state = "done"
         return f"<Deferred {self._verb} {state}>"
+
+
+class _VerbReport:
+    """Logs a verb's error that nobody retrieved."""
+
+    __slots__ = ("verb",)
+
+    def __init__(self, verb: str) -> None:
+        self.verb = verb
+
+    def __call__(self, future: concurrent.futures.Future) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        try:
+            logging.getLogger("uform").error("the deferred %s failed, and its Deferred was dropped without being "
+                                             "awaited or waited for", self.verb, exc_info=future.exception())
+        except Exception:  # at interpreter exit logging may be gone: nothing left to tell
+            pass
 
 
 class Worker:
