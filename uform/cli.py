@@ -163,7 +163,11 @@ def load_config(path: str) -> TrainConfig:
         with open(path, "rb") as file:
             sections = tomllib.load(file)
     except tomllib.TOMLDecodeError as error:
-        raise InvalidArgument(f"{path}: not TOML: {error}") from None
+        raise InvalidArgument(f"CONFIG: {path}: not TOML: {error}") from None
+    except FileNotFoundError:
+        raise InvalidArgument(f"CONFIG: {path}: no such file") from None
+    except OSError as error:
+        raise InvalidArgument(f"CONFIG: {path}: {error.strerror or error}") from None
     for name in sections:
         if name not in _SECTIONS:
             raise InvalidArgument(f"{name}: unknown section (one of {', '.join(_SECTIONS)})")
@@ -654,6 +658,10 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
         raise InvalidArgument(f"CHECKPOINT: {checkpoint}: no such file")
     if not os.path.exists(source):
         raise InvalidArgument(f"INPUT: {source}: no such file or folder")
+    folder = os.path.dirname(output)
+    if folder and not os.path.isdir(folder):  # found now, not after every record is embedded
+        why = "is no folder" if os.path.exists(folder) else "does not exist"
+        raise InvalidArgument(f"OUTPUT: {output}: its folder {folder} {why}")
 
     if column is None:
         shards = list_shards(normalize_dataset(dict(paths=[source], columns={"_": "text"}, format=layout)))
@@ -701,10 +709,13 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
             flush(encoder)
         width = encoder.hidden
     embeddings = np.concatenate(chunks) if chunks else np.zeros((0, width), np.float32)
-    if output.endswith(".npy"):
-        np.save(output, embeddings)
-    else:
-        _write_parquet(output, locations, embeddings)
+    try:
+        if output.endswith(".npy"):
+            np.save(output, embeddings)
+        else:
+            _write_parquet(output, locations, embeddings)
+    except OSError as error:
+        raise InvalidArgument(f"OUTPUT: {output}: {error.strerror or error}") from None
     print(f"uform: {len(embeddings)} embeddings of {width} {scalar.value} into {output}")
     return 0
 
