@@ -562,6 +562,19 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
 
 
+def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monkeypatch, capsys):
+    loaded = cli.load_config
+
+    def load_then_interrupt(path):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the config is read: Python's own handler still answers it
+        return loaded(path)
+
+    monkeypatch.setattr(cli, "load_config", load_then_interrupt)
+    assert cli.main(["train", run()]) == 128 + signal.SIGINT  # as a SIGINT later in the run exits
+    assert capsys.readouterr().err == "uform: stopped by SIGINT before training began; nothing saved\n"
+    assert not os.path.exists(tmp_path / "runs")
+
+
 def test_embed_refuses_an_output_it_cannot_write_naming_it(tmp_path, capsys, monkeypatch):
     checkpoint = str(tmp_path / "tiny.safetensors")
     with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(

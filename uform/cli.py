@@ -843,6 +843,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
                          args.device, args.threads, max(1, args.chunk))
         return info(args.checkpoint, args.json)
+    except KeyboardInterrupt:  # SIGINT before `uform train` installs its own handler, or during another command
+        then = " before training began; nothing saved" if args.command == "train" else ""
+        print(f"uform: stopped by SIGINT{then}", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # a reader that stopped early (`uform info ... | head`) is no failure
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
         return 0
