@@ -1,7 +1,7 @@
 """The `uform` command: train from a TOML config, embed a dataset, describe a checkpoint.
 
     uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
-    uform embed CHECKPOINT INPUT OUTPUT     # a table or shards in, .npy or .parquet out
+    uform embed CHECKPOINT INPUT OUTPUT     # one table, tar shard or folder in, .npy or .parquet out
     uform info CHECKPOINT                   # geometry, step, config, tensor sizes
 
 A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
@@ -819,9 +819,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     training = commands.add_parser("train", help="train from a TOML config, resuming from its run folder's latest checkpoint")
     training.add_argument("config")
-    embedding = commands.add_parser("embed", help="embed one column of a table or shards into .npy or .parquet")
+    embedding = commands.add_parser("embed", help="embed one column of a table, a tar shard or a folder into .npy "
+                                    "or .parquet")
     embedding.add_argument("checkpoint")
-    embedding.add_argument("input", help="a JSONL, CSV or Parquet file, a tar shard or a folder")
+    embedding.add_argument("input", help="one path, no glob pattern: a JSONL, CSV or Parquet file, one tar shard, "
+                                         "or a folder of files grouped by key (its .tar files too: not as shards)")
     embedding.add_argument("output", help="OUTPUT.npy (rows in input order) or OUTPUT.parquet (location, embedding)")
     embedding.add_argument("--column", help="the column (or file extension) to embed; absent: the input's only one")
     embedding.add_argument("--modality", choices=[m.value for m in Modality],
