@@ -180,6 +180,18 @@ def test_for_vram_is_unsupported_without_cuda(cpu):
         Trainer.init_vram(cpu, tiny_config())
 
 
+def test_for_ram_takes_zero_threads_for_every_core_as_absent_does(cpu):
+    # uform.h: 0 uses every core. The CPU backend's reductions do not depend on the threads, so each trains alike.
+    with Executor.for_ram(threads=0) as every, Executor.for_ram() as absent:
+        losses = []
+        for executor in (every, absent, cpu):
+            with Trainer.init_ram(executor, tiny_config()) as trainer:
+                losses.append(trainer.step(pair_batch()).stats.loss)
+    assert losses[0] == losses[1] == losses[2]
+    with pytest.raises(uform.InvalidArgument, match=r"^threads: 1025 is over 1024$"):
+        Executor.for_ram(threads=1025)
+
+
 def test_save_to_a_missing_folder_is_a_storage_error(trainer, tmp_path):
     missing = tmp_path / "no" / "such" / "folder" / "checkpoint.safetensors"
     with pytest.raises(uform.StorageError) as caught:

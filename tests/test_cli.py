@@ -620,6 +620,7 @@ def test_help_lists_every_section_but_the_trainers_field_by_field(capsys):
     for section, field in (("data", "shuffle_buffer"), ("evaluation", "max_records"), ("checkpoints", "every_minutes"),
                            ("run", "threads")):
         assert re.search(rf"^\[{section}\].*\n(  .*\n)*  {field} ", printed, re.M), section
+    assert re.search(r"^  threads +CPU threads; 0 or absent: every core\.", printed, re.M)  # 0 is the C library's every core
 
 
 def test_embed_reads_a_tables_column_of_picture_paths_as_pictures(tmp_path, capsys):

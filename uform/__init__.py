@@ -279,7 +279,8 @@ class Executor(_Native):
 
     @classmethod
     def for_ram(cls, threads: Optional[int] = None) -> "Executor":
-        """The CPU reference backend; `threads` a verb uses, the calling one included (absent: every core)."""
+        """The CPU reference backend; `threads` a verb uses, the calling one included (0 or absent: every core;
+        at most 1024)."""
         count = unsigned(0 if threads is None else threads, 64, "threads")
         return cls._wrap(_native.ExecutorHandle.for_ram(count), "ram")
 

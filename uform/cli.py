@@ -77,7 +77,7 @@ class Run:
     folder: Optional[str] = _field(_text, "Checkpoints and logs; absent: runs/NAME beside the config NAME.toml.",
                                    default=None)
     device: str = _field(_text, "auto (a GPU when there is one), gpu or cpu.", default="auto")
-    threads: Optional[int] = _field(_count, "CPU threads; absent: every core.", default=None)
+    threads: Optional[int] = _field(_count, "CPU threads; 0 or absent: every core.", default=None)
 
 
 @dataclass
@@ -832,7 +832,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     embedding.add_argument("--scalar", default="f32", choices=[s.value for s in uform.Scalar],
                            help="f32, f16, bf16 (stored as its uint16 bits) or i8 (round(127 x))")
     embedding.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    embedding.add_argument("--threads", type=int, help="CPU threads; absent: every core")
+    embedding.add_argument("--threads", type=int, help="CPU threads; 0 or absent: every core")
     embedding.add_argument("--chunk", type=int, default=256, help="items embedded per call")
     described = commands.add_parser("info", help="a checkpoint's geometry, step, config and tensor sizes")
     described.add_argument("checkpoint")
