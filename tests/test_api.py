@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -177,6 +178,18 @@ def test_for_vram_is_unsupported_without_cuda(cpu):
         Executor.for_vram([0])
     with pytest.raises(uform.InvalidArgument, match=r"^executor: a RAM executor"):  # as uform.h promises
         Trainer.init_vram(cpu, tiny_config())
+
+
+def test_for_ram_takes_zero_threads_for_every_core_as_absent_does(cpu):
+    # uform.h: 0 uses every core. The CPU backend's reductions do not depend on the threads, so each trains alike.
+    with Executor.for_ram(threads=0) as every, Executor.for_ram() as absent:
+        losses = []
+        for executor in (every, absent, cpu):
+            with Trainer.init_ram(executor, tiny_config()) as trainer:
+                losses.append(trainer.step(pair_batch()).stats.loss)
+    assert losses[0] == losses[1] == losses[2]
+    with pytest.raises(uform.InvalidArgument, match=r"^threads: 1025 is over 1024$"):
+        Executor.for_ram(threads=1025)
 
 
 def test_save_to_a_missing_folder_is_a_storage_error(trainer, tmp_path):
@@ -389,6 +402,25 @@ def test_batch_lengths_and_values_checked_in_python(trainer, overrides, message)
     assert str(caught.value).startswith(message), str(caught.value)
     # Nothing reached the library: the run is still at step zero and trains on.
     assert trainer.step(pair_batch()).stats.step == 1
+
+
+def test_numbers_beyond_float32_are_named_as_given_without_numpys_warning(trainer):
+    cases = [
+        (dict(relations=dict(attract=Edges([0, 1, 2], [1, 0], weights=[1e39, 1]))),
+         r"^batch\.relations\.attract\.weights\[0\]: 1e\+39 exceeds float32's range \(magnitudes up to 3\.4028235e\+38\)$"),
+        (dict(relations=dict(repel=Edges([0, 1, 2], [1, 0], weights=np.array([1.0, -1e300])))),
+         r"^batch\.relations\.repel\.weights\[1\]: -1e\+300 exceeds float32's range"),
+        (dict(choices=["yn", "ab"], choice_targets=[[0.5, 0.5], [1.0, 4e38]]),
+         r"^batch\.choice_targets\[1\]\[1\]: 4e\+38 exceeds float32's range"),
+    ]
+    for overrides, message in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's "overflow encountered in cast" would raise here instead
+            with pytest.raises(uform.InvalidArgument, match=message):
+                trainer.step(pair_batch(**overrides))
+    assert trainer.step(pair_batch()).stats.step == 1  # nothing reached the library
+    # The largest float32 itself fits: passed on as given, a finite weight (a step it poisons is skipped).
+    trainer.step(pair_batch(relations=dict(attract=Edges([0, 1, 2], [1, 0], weights=[3.4028235e38, 1]))))
 
 
 def test_c_validation_leaves_the_trainer_usable(cpu):

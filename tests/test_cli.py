@@ -552,12 +552,47 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
               r"^uform train: evaluation.max_records: 0; retrieval needs at least two records$"),
              (["train", run("one", **{"[evaluation]": "[evaluation]\nmax_records = 1"})],
               r"^uform train: evaluation.max_records: 1; retrieval needs at least two records$"),
+             (["train", "nope.toml"], r"^uform train: CONFIG: nope.toml: no such file$"),
+             (["train", str(tmp_path)], rf"^uform train: CONFIG: {re.escape(str(tmp_path))}: Is a directory$"),
              (["info", "nope.safetensors"], r"uform info: CHECKPOINT: nope.safetensors: No such file"),
              (["embed", "nope.safetensors", "in.jsonl", "out.npy"], r"CHECKPOINT: nope.safetensors: no such file")]
     for argv, message in cases:
         assert cli.main(argv) == 1
         assert re.search(message, capsys.readouterr().err), message
     assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
+
+
+def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monkeypatch, capsys):
+    loaded = cli.load_config
+
+    def load_then_interrupt(path):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the config is read: Python's own handler still answers it
+        return loaded(path)
+
+    monkeypatch.setattr(cli, "load_config", load_then_interrupt)
+    assert cli.main(["train", run()]) == 128 + signal.SIGINT  # as a SIGINT later in the run exits
+    assert capsys.readouterr().err == "uform: stopped by SIGINT before training began; nothing saved\n"
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_embed_refuses_an_output_it_cannot_write_naming_it(tmp_path, capsys, monkeypatch):
+    checkpoint = str(tmp_path / "tiny.safetensors")
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1), batch=dict(max_columns_per_row=64))) as trainer:
+        trainer.save(checkpoint)
+    source = tmp_path / "lines.jsonl"
+    source.write_text('{"text": "a red panda"}\n{"text": "bamboo"}\n')
+    missing = tmp_path / "missing"
+    with monkeypatch.context() as patched:
+        patched.setattr(cli, "list_shards", None)  # a folder that is not there is found before the input is read
+        for output, why in ((missing / "x.npy", f"its folder {missing} does not exist"),
+                            (source / "x.npy", f"its folder {source} is no folder")):
+            assert cli.main(["embed", checkpoint, str(source), str(output)]) == 1
+            assert capsys.readouterr().err == f"uform embed: OUTPUT: {output}: {why}\n"
+    taken = tmp_path / "taken.npy"  # found only as it is written, after the embedding, and named as those are
+    taken.mkdir()
+    assert cli.main(["embed", checkpoint, str(source), str(taken)]) == 1
+    assert capsys.readouterr().err == f"uform embed: OUTPUT: {taken}: Is a directory\n"
 
 
 def test_evaluation_columns_may_name_two_of_the_datas_columns_in_a_list(run, tmp_path, capsys):
@@ -585,6 +620,7 @@ def test_help_lists_every_section_but_the_trainers_field_by_field(capsys):
     for section, field in (("data", "shuffle_buffer"), ("evaluation", "max_records"), ("checkpoints", "every_minutes"),
                            ("run", "threads")):
         assert re.search(rf"^\[{section}\].*\n(  .*\n)*  {field} ", printed, re.M), section
+    assert re.search(r"^  threads +CPU threads; 0 or absent: every core\.", printed, re.M)  # 0 is the C library's every core
 
 
 def test_embed_reads_a_tables_column_of_picture_paths_as_pictures(tmp_path, capsys):

@@ -925,16 +925,19 @@ def test_media_tokens_in_python_follow_the_shape_given():
     expected, _ = audio(sound, chunk_samples=300, max_tokens=512)
     assert grid == (len(expected), 1, 1) == (6, 1, 1)  # 1600 samples at 16 kHz, the last chunk padded
     np.testing.assert_array_equal(chunks, expected)
-    with pytest.raises(uform.InvalidArgument, match=r"bytes: declared an image, but the bytes are audio"):
-        uform.media_tokens("image", sound)
+    # The argument is `content`, whichever check refuses it: Python's own or the C library's, which calls it `bytes`.
+    for content, message in ((sound, r"declared an image, but the bytes are audio"), (b"", "an empty image"),
+                             (b"GIF89a" + bytes(20), "not an image file"),
+                             ("red panda", "expected the encoded file as bytes, got str"),
+                             (np.zeros(4, np.float32), "expected a 1-D uint8 array")):
+        with pytest.raises(uform.InvalidArgument, match=rf"^content: {message}"):
+            uform.media_tokens("image", content)
     for given, named in (("text", "'text'"), ("TEXT", "'TEXT'"), (uform.Modality.TEXT, "'text'")):
         with pytest.raises(uform.InvalidArgument) as refused:  # named as given, not by the C library's numbers
             uform.media_tokens(given, b"red panda")
         assert str(refused.value) == f"modality: {named} is not a media modality (image, video or audio)"
     with pytest.raises(uform.InvalidArgument, match=r"^modality: 2 is not a Modality \(one of 'text', 'image'"):
         uform.media_tokens(2, image)
-    with pytest.raises(uform.InvalidArgument, match="content: expected the encoded file as bytes, got str"):
-        uform.media_tokens("image", "red panda")
     with pytest.raises(uform.InvalidArgument, match="shape.image.patch_sides: unknown field"):
         uform.media_tokens("image", image, dict(image=dict(patch_sides=8)))
 

@@ -169,7 +169,7 @@ def media_tokens(modality: Any, content: Any, shape: Any = None) -> MediaTokens:
     as `docs/model.md` ("Media preprocessing") says, fitted to one row of `max_columns_per_row` tokens.
     This is how a model run outside uform (`uform.torch`, an export) reads media as uform's model does.
     `content` is the encoded file as bytes; a modality that is not a media kind, or bytes that are not one
-    of its files, raise `InvalidArgument` naming `modality` or `bytes`.
+    of its files, raise `InvalidArgument` naming `modality` or `content`.
     """
     kind = enum_member(Modality, modality, "modality")
     if kind is Modality.TEXT:  # named as given: the C library's message would give its numbers
@@ -180,8 +180,14 @@ def media_tokens(modality: Any, content: Any, shape: Any = None) -> MediaTokens:
     data = np.frombuffer(content, np.uint8) if not isinstance(content, np.ndarray) else content
     if data.dtype != np.uint8 or data.ndim != 1:
         raise InvalidArgument(f"content: expected a 1-D uint8 array, got {data.dtype} of shape {data.shape}")
-    return MediaTokens(*_native.media_tokens(_native.C_ENUMS["modality"][kind.value], np.ascontiguousarray(data),
-                                             normalize(BatchShape, shape, "shape")))
+    try:
+        return MediaTokens(*_native.media_tokens(_native.C_ENUMS["modality"][kind.value], np.ascontiguousarray(data),
+                                                 normalize(BatchShape, shape, "shape")))
+    except Error as error:  # the C verb names its argument `bytes`; this function's is `content`
+        message = str(error)
+        if not message.startswith("bytes:"):
+            raise
+        raise type(error)("content" + message[len("bytes"):]) from None
 
 
 def _note_bytes(note: Any) -> bytes:
@@ -273,7 +279,8 @@ class Executor(_Native):
 
     @classmethod
     def for_ram(cls, threads: Optional[int] = None) -> "Executor":
-        """The CPU reference backend; `threads` a verb uses, the calling one included (absent: every core)."""
+        """The CPU reference backend; `threads` a verb uses, the calling one included (0 or absent: every core;
+        at most 1024)."""
         count = unsigned(0 if threads is None else threads, 64, "threads")
         return cls._wrap(_native.ExecutorHandle.for_ram(count), "ram")
 

@@ -1,7 +1,7 @@
 """The `uform` command: train from a TOML config, embed a dataset, describe a checkpoint.
 
     uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
-    uform embed CHECKPOINT INPUT OUTPUT     # a table or shards in, .npy or .parquet out
+    uform embed CHECKPOINT INPUT OUTPUT     # one table, tar shard or folder in, .npy or .parquet out
     uform info CHECKPOINT                   # geometry, step, config, tensor sizes
 
 A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
@@ -77,7 +77,7 @@ class Run:
     folder: Optional[str] = _field(_text, "Checkpoints and logs; absent: runs/NAME beside the config NAME.toml.",
                                    default=None)
     device: str = _field(_text, "auto (a GPU when there is one), gpu or cpu.", default="auto")
-    threads: Optional[int] = _field(_count, "CPU threads; absent: every core.", default=None)
+    threads: Optional[int] = _field(_count, "CPU threads; 0 or absent: every core.", default=None)
 
 
 @dataclass
@@ -163,7 +163,11 @@ def load_config(path: str) -> TrainConfig:
         with open(path, "rb") as file:
             sections = tomllib.load(file)
     except tomllib.TOMLDecodeError as error:
-        raise InvalidArgument(f"{path}: not TOML: {error}") from None
+        raise InvalidArgument(f"CONFIG: {path}: not TOML: {error}") from None
+    except FileNotFoundError:
+        raise InvalidArgument(f"CONFIG: {path}: no such file") from None
+    except OSError as error:
+        raise InvalidArgument(f"CONFIG: {path}: {error.strerror or error}") from None
     for name in sections:
         if name not in _SECTIONS:
             raise InvalidArgument(f"{name}: unknown section (one of {', '.join(_SECTIONS)})")
@@ -654,6 +658,10 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
         raise InvalidArgument(f"CHECKPOINT: {checkpoint}: no such file")
     if not os.path.exists(source):
         raise InvalidArgument(f"INPUT: {source}: no such file or folder")
+    folder = os.path.dirname(output)
+    if folder and not os.path.isdir(folder):  # found now, not after every record is embedded
+        why = "is no folder" if os.path.exists(folder) else "does not exist"
+        raise InvalidArgument(f"OUTPUT: {output}: its folder {folder} {why}")
 
     if column is None:
         shards = list_shards(normalize_dataset(dict(paths=[source], columns={"_": "text"}, format=layout)))
@@ -701,10 +709,13 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
             flush(encoder)
         width = encoder.hidden
     embeddings = np.concatenate(chunks) if chunks else np.zeros((0, width), np.float32)
-    if output.endswith(".npy"):
-        np.save(output, embeddings)
-    else:
-        _write_parquet(output, locations, embeddings)
+    try:
+        if output.endswith(".npy"):
+            np.save(output, embeddings)
+        else:
+            _write_parquet(output, locations, embeddings)
+    except OSError as error:
+        raise InvalidArgument(f"OUTPUT: {output}: {error.strerror or error}") from None
     print(f"uform: {len(embeddings)} embeddings of {width} {scalar.value} into {output}")
     return 0
 
@@ -808,9 +819,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     training = commands.add_parser("train", help="train from a TOML config, resuming from its run folder's latest checkpoint")
     training.add_argument("config")
-    embedding = commands.add_parser("embed", help="embed one column of a table or shards into .npy or .parquet")
+    embedding = commands.add_parser("embed", help="embed one column of a table, a tar shard or a folder into .npy "
+                                    "or .parquet")
     embedding.add_argument("checkpoint")
-    embedding.add_argument("input", help="a JSONL, CSV or Parquet file, a tar shard or a folder")
+    embedding.add_argument("input", help="one path, no glob pattern: a JSONL, CSV or Parquet file, one tar shard, "
+                                         "or a folder of files grouped by key (its .tar files too: not as shards)")
     embedding.add_argument("output", help="OUTPUT.npy (rows in input order) or OUTPUT.parquet (location, embedding)")
     embedding.add_argument("--column", help="the column (or file extension) to embed; absent: the input's only one")
     embedding.add_argument("--modality", choices=[m.value for m in Modality],
@@ -819,7 +832,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     embedding.add_argument("--scalar", default="f32", choices=[s.value for s in uform.Scalar],
                            help="f32, f16, bf16 (stored as its uint16 bits) or i8 (round(127 x))")
     embedding.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    embedding.add_argument("--threads", type=int, help="CPU threads; absent: every core")
+    embedding.add_argument("--threads", type=int, help="CPU threads; 0 or absent: every core")
     embedding.add_argument("--chunk", type=int, default=256, help="items embedded per call")
     described = commands.add_parser("info", help="a checkpoint's geometry, step, config and tensor sizes")
     described.add_argument("checkpoint")
@@ -832,6 +845,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
                          args.device, args.threads, max(1, args.chunk))
         return info(args.checkpoint, args.json)
+    except KeyboardInterrupt:  # SIGINT before `uform train` installs its own handler, or during another command
+        then = " before training began; nothing saved" if args.command == "train" else ""
+        print(f"uform: stopped by SIGINT{then}", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # a reader that stopped early (`uform info ... | head`) is no failure
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
         return 0

@@ -199,7 +199,14 @@ def float32_array(values: Any, path: str) -> np.ndarray:
         return np.zeros(0, np.float32)
     if array.dtype.kind not in "iuf":
         raise InvalidArgument(f"{path}: expected numbers, got {array.dtype}")
-    return array.astype(np.float32)
+    with np.errstate(over="ignore"):  # an overflow is named below, as the caller gave it, not as the inf it became
+        converted = array.astype(np.float32)
+    overflowed = np.flatnonzero(np.isinf(converted) & np.isfinite(array))
+    if overflowed.size:
+        first = int(overflowed[0])
+        raise InvalidArgument(f"{path}[{first}]: {array[first]} exceeds float32's range (magnitudes up to "
+                              f"{float(np.finfo(np.float32).max):.8g})")
+    return converted
 
 
 class _Kind:

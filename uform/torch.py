@@ -451,10 +451,10 @@ class Encoder(nn.Module):
                                   f"{type(content).__name__}")
         try:
             values, grid = media_tokens(kind, content, self.config.get("batch"))
-        except (InvalidArgument, Unsupported) as error:  # the library names the bytes; the caller knows them by index
+        except (InvalidArgument, Unsupported) as error:  # `media_tokens` names its content; the caller knows it by index
             message = str(error)
-            if message.startswith("bytes"):
-                message = f"items[{number}]" + message[len("bytes"):]
+            if message.startswith("content:"):
+                message = f"items[{number}]" + message[len("content"):]
             raise type(error)(message) from None
         return _Decoded(MEDIA_KINDS.index(kind), torch.from_numpy(values), _media_rotary(kind, len(values), grid))
 

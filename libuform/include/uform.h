@@ -402,7 +402,7 @@ UFORM_API uint32_t uform_capabilities(void);
 
 /**
  *  @brief Makes a CPU executor: the reference backend.
- *  @param[in] threads Threads a verb uses, the calling one included; 0 uses every core.
+ *  @param[in] threads Threads a verb uses, the calling one included; 0 uses every core; over 1024 is refused.
  *  @param[out] executor The new handle.
  *  @param[out] error The message on failure; may be NULL.
  */
