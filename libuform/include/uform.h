@@ -134,7 +134,6 @@ typedef enum uform_negatives_t {
     uform_negatives_named_k = 2,   /**< Repel edges alone. */
 } uform_negatives_t;
 
-/** @brief How a contrastive term turns a row of scores into forces. */
 /** @brief Whether a run's bits repeat: the same seed and batches, the same bits, on the same GPU. */
 typedef enum uform_determinism_t {
     uform_determinism_derived_k = 0, /**< Derives `uform_determinism_bitwise_k`. */
@@ -143,6 +142,7 @@ typedef enum uform_determinism_t {
                                           faster a step, and runs differ in their last bits. The CPU ignores it. */
 } uform_determinism_t;
 
+/** @brief How a contrastive term turns a row of scores into forces. */
 typedef enum uform_pair_loss_form_t {
     uform_pair_loss_derived_k = 0,  /**< Sigmoid for pooled embeddings, ranked for token vectors. */
     uform_pair_loss_balanced_k = 1, /**< Sigmoid per cell, attract and repel halves normalized apart. */
