@@ -24,6 +24,12 @@
  *  A fifth, `uform_decoded_t`, is a batch's media decoded ahead of its step by `uform_trainer_decode`
  *  and released by `uform_decoded_free`.
  *
+ *  A `_free` fails with `uform_status_busy_k`, freeing nothing, while the handle is in use: an executor
+ *  borrowed by a live trainer, encoder or mesh; a mesh borrowed by a live trainer; a trainer, an encoder
+ *  or a decoded batch while a call on it runs or waits on another thread. Free it once they return.
+ *  `uform_decoded_free` accepts NULL and ignores it, since `uform_trainer_decode` may give NULL; every
+ *  other `_free` refuses NULL with `uform_status_invalid_handle_k`.
+ *
  *  Every handle is checked against the library's table of live handles before use, so a freed
  *  or foreign handle is answered with `uform_status_invalid_handle_k`, never a crash.
  *
@@ -93,7 +99,8 @@ typedef enum uform_status_t {
     uform_status_invalid_argument_k = 1,
     /** A handle is NULL, freed or not one of this library's. */
     uform_status_invalid_handle_k = 2,
-    /** The handle is borrowed by a live trainer and cannot be freed yet. */
+    /** The handle is borrowed by a live handle, or a call on another thread is using it, so it cannot be
+     *  freed yet; nothing changed. */
     uform_status_busy_k = 3,
     /** This build or this machine lacks what the call needs (a GPU, a modality, a term). */
     uform_status_unsupported_k = 4,
@@ -421,7 +428,8 @@ UFORM_API uform_status_t uform_executor_init_vram(uint32_t const* devices, size_
 
 /**
  *  @brief Frees an executor.
- *  @return `uform_status_busy_k` while a trainer borrows it.
+ *  @return `uform_status_busy_k` while a trainer, an encoder or a mesh borrows it;
+ *  `uform_status_invalid_handle_k` for NULL.
  */
 UFORM_API uform_status_t uform_executor_free(uform_executor_t executor, char const** error);
 
@@ -445,8 +453,8 @@ UFORM_API uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_m
                                               uform_mesh_t* mesh, char const** error);
 
 /**
- *  @brief Frees a mesh.
- *  @return `uform_status_busy_k` while a trainer borrows it.
+ *  @brief Frees a mesh and lets go of its executor.
+ *  @return `uform_status_busy_k` while a trainer borrows it; `uform_status_invalid_handle_k` for NULL.
  */
 UFORM_API uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
 
@@ -541,7 +549,11 @@ UFORM_API uform_status_t uform_trainer_save_noted(uform_trainer_t trainer, char 
 UFORM_API uform_status_t uform_trainer_save_weights_noted(uform_trainer_t trainer, char const* path, char const* note,
                                                           char const** error);
 
-/** @brief Frees a trainer and lets go of its executor and mesh. */
+/**
+ *  @brief Frees a trainer and lets go of its executor and mesh.
+ *  @return `uform_status_busy_k` while a call on the trainer (`uform_trainer_decode` included) runs or waits on
+ *  another thread: free it once they return. `uform_status_invalid_handle_k` for NULL.
+ */
 UFORM_API uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
 
 /**
@@ -635,7 +647,11 @@ typedef struct uform_encoder_tokens_t {
 UFORM_API uform_status_t uform_encoder_embed_tokens(uform_encoder_t encoder, uform_encoder_tokens_t* tokens,
                                                     char const** error);
 
-/** @brief Frees an encoder and lets go of its executor. */
+/**
+ *  @brief Frees an encoder and lets go of its executor.
+ *  @return `uform_status_busy_k` while a call on the encoder runs or waits on another thread: free it once they
+ *  return. `uform_status_invalid_handle_k` for NULL.
+ */
 UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const** error);
 
 /**
