@@ -658,9 +658,10 @@ UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const*
  *  @brief Decodes one media item into the tokens a trainer or an encoder of this batch shape reads: an image's
  *  patches, a video's tubelets or a sound's chunks, in the order training packs them (`docs/model.md`, "Media
  *  preprocessing"). It needs no handle, so a model run outside the library reads what uform's reads.
- *  @param[in] shape The batch shape; zeros derive as a trainer's config derives them. A checkpoint records its own
- *  as `config.batch` in its metadata. The item is fitted to one row of `max_columns_per_row` tokens, as a step fits
- *  it: an image shrunk, video and audio cut at the end; `uform_media_tokens_fitted` tells whether it was.
+ *  @param[in] shape The batch shape; not NULL: a zeroed struct is every default. Zeros derive as a trainer's config
+ *  derives them. A checkpoint records its own as `config.batch` in its metadata. The item is fitted to one row of
+ *  `max_columns_per_row` tokens, as a step fits it: an image shrunk, video and audio cut at the end;
+ *  `uform_media_tokens_fitted` tells whether it was.
  *  @param[in] modality Image, video or audio; text has no media tokens and is refused.
  *  @param[in] bytes The encoded file, `length` bytes.
  *  @param[out] tokens Room for `capacity` tokens of the kind's width in float32: an image patch's
@@ -677,10 +678,10 @@ UFORM_API uform_status_t uform_encoder_free(uform_encoder_t encoder, char const*
  *  @param[out] count The item's tokens, the product of the grid; set even when `capacity` falls short.
  *  @param[out] width Floats in one token, the kind's width under the derived shape; may be NULL.
  *  @param[out] error The message on failure; may be NULL.
- *  @return `uform_status_invalid_argument_k` for a shape field out of range (named `shape.image.channels` and so
- *  on), a modality that is not a media kind, bytes that do not decode or hold another modality (named `bytes`), or
- *  a `capacity` short of `*count`, which writes no token; `uform_status_unsupported_k` for a format this build
- *  does not decode.
+ *  @return `uform_status_invalid_argument_k` for a NULL `shape` or `count`, a shape field out of range (named
+ *  `shape.image.channels` and so on), a modality that is not a media kind, bytes that do not decode or hold another
+ *  modality (named `bytes`), or a `capacity` short of `*count`, which writes no token;
+ *  `uform_status_unsupported_k` for a format this build does not decode.
  */
 UFORM_API uform_status_t uform_media_tokens(uform_batch_shape_t const* shape, uform_modality_t modality,
                                             void const* bytes, size_t length, float* tokens, size_t capacity,
