@@ -437,13 +437,14 @@ UFORM_API uform_status_t uform_executor_free(uform_executor_t executor, char con
 typedef struct uform_mesh_bootstrap_t {
     uint32_t host_domain_index; /**< This process's index, below `host_domain_count`. */
     uint32_t host_domain_count; /**< Processes in the run; 0 derives 1. */
-    char const* directory;      /**< A folder every process sees. */
-    char const* job;            /**< The run's name; files live under `directory/job`. */
+    char const* directory;      /**< A folder every process sees; one process ignores it: may be NULL. */
+    char const* job;            /**< The run's name; files live under `directory/job`; one process ignores it too. */
     double timeout_seconds;     /**< How long to wait for peers; 0 derives 300. */
 } uform_mesh_bootstrap_t;
 
 /**
- *  @brief Joins this process to a run's mesh. A mesh of one process needs no peers.
+ *  @brief Joins this process to a run's mesh. A mesh of one process needs no peers, no `directory` and no `job`:
+ *  a zeroed config makes it.
  *  @param[in] executor The devices this process brings.
  *  @param[in] config Where and how to meet.
  *  @param[out] mesh The new handle.
