@@ -44,10 +44,11 @@
  *
  *  Every fallible function returns a `uform_status_t` and takes a last argument
  *  `char const** error`, which may be NULL. On failure it receives a human-readable message that
- *  names the offending field and value, e.g. `"config.hidden: 200 is not a multiple of 128"`.
- *  The text lives in thread-local storage until the next failing call on the same thread.
- *  A failed call changes no state: the trainer trains the next good batch as if the bad one
- *  never came. The library never exits, aborts or prints.
+ *  names the offending field and value, e.g.
+ *  `"config.hidden: 200 is not a positive multiple of 128 up to 16384"`. The text lives in
+ *  thread-local storage until the next failing call on the same thread. A failed call changes no
+ *  state: the trainer trains the next good batch as if the bad one never came. The library never
+ *  exits, aborts or prints.
  *
  *  @section  Zero means "derive"
  *
