@@ -118,7 +118,7 @@ static uform_status_t uform_edges_check(uform_edges_view_t const* edges, size_t 
                 return UFORM_INVALID("batch.relations.%s.ids[%u]: item %zu names itself", name, k, i);
             if (edges->weights && (!isfinite(edges->weights[k]) || edges->weights[k] < 0))
                 return UFORM_INVALID("batch.relations.%s.weights[%u]: %g is not a finite non-negative weight", name, k,
-                                     (double)edges->weights[k]);
+                                     uform_printed(edges->weights[k]));
         }
     return uform_status_success_k;
 }
@@ -241,7 +241,7 @@ static uform_status_t uform_choices_check(uform_packed_t* packed, uform_config_t
             packed->choice_targets[cursor + j] = target;
             if (!isfinite(target) || target < 0)
                 return UFORM_INVALID("batch.choice_targets[%zu][%zu]: %g is not a finite non-negative probability",
-                                     first + i, j, (double)target);
+                                     first + i, j, uform_printed(target));
             sum += target;
         }
         if (training && fabs(sum - 1.0) > 1e-3)

@@ -908,7 +908,7 @@ static uform_status_t uform_tensor_read(FILE* file, uform_header_t const* header
         return UFORM_BAD("%s: %s ends inside %s; was it cut while being read?", what, path, name);
     for (size_t k = 0; k != count; ++k)
         if (!isfinite(values[k]) || (family == 2 && values[k] < 0))
-            return UFORM_BAD("%s: %s holds %g in %s at element %zu; %s", what, path, (double)values[k], name, k,
+            return UFORM_BAD("%s: %s holds %g in %s at element %zu; %s", what, path, uform_printed(values[k]), name, k,
                              family == 2 ? "second moments are finite and not negative" : "values are finite");
     return uform_status_success_k;
 }

@@ -52,7 +52,7 @@ static uform_status_t uform_fields_derive(void* base, size_t begin, size_t end, 
             float* value = at;
             if (!isfinite(*value) || (field->kind != uform_field_real_k && *value < 0) ||
                 (field->kind == uform_field_fraction_k && *value > 1))
-                return UFORM_INVALID("%s.%s: %g is %s", path, name, (double)*value,
+                return UFORM_INVALID("%s.%s: %g is %s", path, name, uform_printed(*value),
                                      field->kind == uform_field_fraction_k ? "not in [0, 1]"
                                      : field->kind == uform_field_weight_k ? "not a finite non-negative number"
                                                                            : "not finite");

@@ -12,6 +12,10 @@
 #include "backend.h"
 #include "media/media.h"
 
+/** A float as a message prints it with `%g`: NaN unsigned, since C libraries print a NaN whose sign bit is set
+ *  (the one `0.0 / 0.0` makes) as `-nan`, a sign that means nothing. */
+static inline double uform_printed(double value) { return isnan(value) ? (double)NAN : value; }
+
 /* ---------------------------------------------------------------------------------------------- */
 /*  Handles                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
