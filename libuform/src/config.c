@@ -161,7 +161,8 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (late->width % 8 || late->width > 4096)
         return UFORM_INVALID("config.late_interaction.width: %u is not a multiple of 8 up to 4096", late->width);
     if ((unsigned)late->pair_loss > uform_pair_loss_sigmoid_k)
-        return UFORM_INVALID("config.late_interaction.pair_loss: %d is not a pair-loss form", (int)late->pair_loss);
+        return UFORM_INVALID("config.late_interaction.pair_loss: %d is not a pair-loss form (0 to 3)",
+                             (int)late->pair_loss);
     /* A query's rows, and its choice position, fit in one row of the batch. */
     uint32_t room = batch->max_columns_per_row - (c->choices.weight > 0 && batch->max_columns_per_row > 1);
     if (late->weight > 0 && !late->max_query_span) late->max_query_span = room < 32 ? room : 32;
