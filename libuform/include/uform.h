@@ -306,7 +306,7 @@ typedef struct uform_schedule_t {
 
 /** @brief A training run's geometry, objectives and schedule. */
 typedef struct uform_trainer_init_vram_t {
-    char const* resume; /**< A checkpoint to continue from; NULL starts from `seed`. */
+    char const* resume; /**< A checkpoint to continue from; NULL starts from `seed`; "" is refused. */
     uint32_t depth;     /**< Transformer blocks, 1 to 256; required. */
     uint32_t hidden;    /**< Width, a multiple of 128 up to 16384; required. Heads are `hidden / 64`. */
     uform_batch_shape_t batch;

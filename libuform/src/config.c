@@ -198,6 +198,8 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (!schedule->warmup_steps) schedule->warmup_steps = schedule->steps / 20;
 
     if (c->resume) {
+        if (!c->resume[0])
+            return UFORM_INVALID("config.resume: empty; leave it NULL (None in Python) to start a new run");
         if (strlen(c->resume) >= sizeof(config->resume))
             return UFORM_INVALID("config.resume: the path is over %zu bytes", sizeof(config->resume) - 1);
         strcpy(config->resume, c->resume);
