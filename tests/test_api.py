@@ -296,6 +296,21 @@ def test_wrong_types_name_the_field(cpu, overrides, field):
     assert str(caught.value).startswith(field + ":"), str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # A NaN prints as nan whatever its sign bit, as C's printf would not.
+        (dict(schedule=dict(steps=10, learning_rate=float("nan"))), "config.schedule.learning_rate: nan is not in [0, 1]"),
+        (dict(schedule=dict(steps=10, learning_rate=-float("nan"))), "config.schedule.learning_rate: nan is not in [0, 1]"),
+        (dict(resume=""), "config.resume: empty; leave it NULL (None in Python) to start a new run"),
+    ],
+)
+def test_values_the_c_library_refuses_are_worded_exactly(cpu, overrides, message):
+    with pytest.raises(uform.InvalidArgument) as caught:
+        Trainer.init_ram(cpu, tiny_config(**overrides))
+    assert str(caught.value) == message
+
+
 def test_seed_takes_the_whole_uint64_range(cpu):
     losses = []
     for seed in (2**64 - 1, 2**64 - 2):

@@ -1,13 +1,14 @@
 /**
  *  Handles misused from C: NULL, foreign and freed pointers, double frees, frees of borrowed
- *  handles, one trainer stepped from several threads at once, and frees racing the verbs. Every
- *  misuse must be answered with a status and a message, never a crash. Exits 0 when every check
- *  holds; the test suite also runs it under AddressSanitizer.
+ *  handles, one trainer stepped from several threads at once, frees racing the verbs, and config
+ *  values no Python caller passes. Every misuse must be answered with a status and a message, never
+ *  a crash. Exits 0 when every check holds; the test suite also runs it under AddressSanitizer.
  *
  *      cc -std=c99 -pthread misuse.c $(python -m uform --cflags --libs) -o misuse && ./misuse /tmp/m.safetensors
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,44 @@ static void decoded_misuse(uform_executor_t executor) {
     CHECK(uform_trainer_free(other, &error) == uform_status_success_k);
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/*  Configs only C can pass                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Refused with the exact message: the field, the value as it was given, and what it may be. */
+#define REFUSED_EXACTLY(call, expected, words)                                                                        \
+    do {                                                                                                              \
+        error = NULL;                                                                                                 \
+        CHECK((call) == (expected));                                                                                  \
+        CHECK(error != NULL && strcmp(error, (words)) == 0);                                                          \
+    } while (0)
+
+static void config_misuse(uform_executor_t executor) {
+    char const* error = NULL;
+    uform_trainer_t trainer = NULL;
+    uform_trainer_init_vram_t config = small_config(3);
+    config.hidden = 200; /* the example uform.h's Errors section quotes */
+    REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
+                    "config.hidden: 200 is not a positive multiple of 128 up to 16384");
+    /* A NaN prints without the sign its bits may carry. */
+    float const nans[2] = {NAN, -NAN};
+    for (int i = 0; i != 2; ++i) {
+        config = small_config(3), config.schedule.learning_rate = nans[i];
+        REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error),
+                        uform_status_invalid_argument_k, "config.schedule.learning_rate: nan is not in [0, 1]");
+    }
+    config = small_config(3), config.contrastive.pair_loss = (uform_pair_loss_form_t)9;
+    REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
+                    "config.contrastive.pair_loss: 9 is not a pair-loss form (0 to 3)");
+    config = small_config(3), config.late_interaction.pair_loss = (uform_pair_loss_form_t)9;
+    REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
+                    "config.late_interaction.pair_loss: 9 is not a pair-loss form (0 to 3)");
+    config = small_config(3), config.resume = "";
+    REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
+                    "config.resume: empty; leave it NULL (None in Python) to start a new run");
+    CHECK(trainer == NULL);
+}
+
 int main(int argc, char** argv) {
     char const* path = argc > 1 ? argv[1] : "misuse.safetensors";
     char const* error = NULL;
@@ -400,7 +439,8 @@ int main(int argc, char** argv) {
 
     /* Borrowed handles cannot be freed while the trainer lives; the trainer still works after. */
     REFUSED(uform_executor_free(executor, &error), uform_status_busy_k, "executor");
-    REFUSED(uform_mesh_free(mesh, &error), uform_status_busy_k, "mesh");
+    REFUSED_EXACTLY(uform_mesh_free(mesh, &error), uform_status_busy_k,
+                    "mesh: 1 live trainer(s) borrow it; free them first"); /* only a trainer borrows a mesh */
     CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
     CHECK(uform_trainer_save(trainer, path, &error) == uform_status_success_k);
 
@@ -436,6 +476,7 @@ int main(int argc, char** argv) {
     steps_are_serialized(executor);
     free_races_steps(executor);
     decoded_misuse(executor);
+    config_misuse(executor);
 
     CHECK(uform_executor_free(executor, &error) == uform_status_success_k);
     REFUSED(uform_executor_free(executor, &error), uform_status_invalid_handle_k, "executor");
