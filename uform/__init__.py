@@ -17,6 +17,7 @@ that is awaitable and `.wait()`-able. Every native call releases the GIL.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.machinery
 import os
 import threading
 import weakref
@@ -37,6 +38,15 @@ if not _wait_chosen:
     os.environ["OMP_WAIT_POLICY"] = "passive"
 try:
     from . import _native
+except ImportError as error:
+    # A checkout's own `uform/` folder, first on sys.path when Python runs inside the checkout, shadows
+    # the installed package and has no extension unless built in place; Python then blames a circular import.
+    _folder = os.path.dirname(os.path.abspath(__file__))
+    if any(os.path.exists(os.path.join(_folder, f"_native{suffix}")) for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        raise  # the extension is there but did not load: its own message says why
+    raise ImportError(f"uform: the package imported is the source folder {_folder}, without its compiled extension "
+                      "(_native); run from another folder to use the installed package, or build in place with "
+                      "`python setup.py build_ext --inplace`") from None
 finally:
     if not _wait_chosen:
         del os.environ["OMP_WAIT_POLICY"]
