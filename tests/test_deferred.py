@@ -5,6 +5,7 @@ enough to watch, about a fifth of a second on one thread (depth 2, hidden 256, 8
 """
 
 import asyncio
+import signal
 import subprocess
 import sys
 import textwrap
@@ -165,6 +166,57 @@ def test_blocking_verbs_wait_behind_deferred_ones(slow, tmp_path):
     late = deferred.step(slow_batch())
     slow.save(tmp_path / "behind.safetensors")
     assert late.done() and (tmp_path / "behind.safetensors").exists()
+
+
+def _interrupt_main_thread(*after_seconds):
+    """Sends SIGINT to the main thread after each delay, as Ctrl-C reaches it: a signal sent to the
+    process, or raised on another thread, may land on that thread and never wake the waiting one."""
+    def send():
+        started = time.perf_counter()
+        for delay in after_seconds:
+            time.sleep(max(0.0, started + delay - time.perf_counter()))
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    return sender
+
+
+def test_ctrl_c_during_a_blocking_step_waits_for_it_and_says_it_completed(slow):
+    # The step runs on the worker, which Ctrl-C cannot stop: the interrupt must come after the step
+    # landed, saying so, or a loop that catches it would feed the same batch again.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sender = _interrupt_main_thread(0.005, 0.01)  # the second, too, must wait for the step
+        with pytest.raises(KeyboardInterrupt) as raised:
+            slow.step(slow_batch())
+        sender.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert slow.step(slow_batch()).stats.step == 3  # the interrupted step was step 2
+    if sys.version_info >= (3, 11):
+        assert raised.value.__notes__ == ["uform: the step had started and completed before this interrupt took effect"]
+
+
+def test_ctrl_c_during_a_blocking_verb_names_the_verb_and_how_it_failed(trainer, tmp_path):
+    if sys.version_info < (3, 11):
+        pytest.skip("exception notes need Python 3.11")
+    release = threading.Event()
+    queued = trainer.deferred().step(pair_batch())
+    queued._future.add_done_callback(lambda _: release.wait())  # holds the worker until the interrupt
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sender = _interrupt_main_thread(0.02)
+        threading.Timer(0.05, release.set).start()
+        with pytest.raises(KeyboardInterrupt) as raised:
+            trainer.save(tmp_path / "missing" / "checkpoint.safetensors")
+        sender.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert queued.wait().stats.step == 1
+    [note] = raised.value.__notes__
+    assert note.startswith("uform: the save was queued, then ran, and failed (StorageError: path: cannot write ")
+    assert note.endswith("before this interrupt took effect")
 
 
 def test_free_waits_behind_deferred_verbs(cpu):

@@ -5,6 +5,7 @@ Each test reads the package `import uform` found: an install, or an in-place bui
 """
 import filecmp
 import glob
+import importlib.machinery
 import os
 import re
 import shutil
@@ -119,3 +120,26 @@ def test_uform_config_prints_what_python_m_uform_prints():
         pytest.skip("uform-config comes with an install")
     printed = subprocess.run([command, "--cflags", "--libs"], capture_output=True, text=True, check=True, cwd=ROOT)
     assert printed.stdout.split() == flags("--cflags", "--libs")
+
+
+def test_a_source_folder_without_its_extension_says_so(tmp_path):
+    # Python run inside a checkout imports its `uform/` folder, which has no extension unless built in
+    # place; Python's own words blame a circular import.
+    source = tmp_path / "uform"
+    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("*.so", "*.so.*", "__pycache__", "include"))
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+
+    def imported():
+        return subprocess.run([sys.executable, "-c", "import uform"], capture_output=True, text=True, cwd=tmp_path,
+                              env=environment)
+
+    failed = imported()
+    assert failed.returncode != 0
+    assert failed.stderr.strip().splitlines()[-1] == (
+        f"ImportError: uform: the package imported is the source folder {source}, without its compiled extension "
+        "(_native); run from another folder to use the installed package, or build in place with "
+        "`python setup.py build_ext --inplace`")
+    assert "circular import" not in failed.stderr
+    (source / f"_native{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")  # there, but broken
+    broken = imported()
+    assert broken.returncode != 0 and "the source folder" not in broken.stderr

@@ -230,6 +230,73 @@ def test_a_file_that_cannot_be_read_raises_storage_error_as_the_library_does(cpu
         uform_torch.load(str(tmp_path / "empty.safetensors"))
 
 
+def test_save_refuses_what_load_would_refuse_and_writes_nothing(cpu, checkpoints, tmp_path):
+    """A module whose checkpoint `load` or `uform.Encoder.load` would refuse is refused before the write."""
+    path = tmp_path / "refused.safetensors"
+
+    def refused(change, message):
+        module = uform_torch.load(checkpoints["late"])
+        with torch.no_grad():
+            change(module)
+        with pytest.raises(uform.InvalidArgument) as raised:
+            uform_torch.save(module, str(path))
+        assert str(raised.value) == message
+        assert os.listdir(tmp_path) == []
+
+    refused(lambda m: m.blocks[1].qkv[3, 5].fill_(float("nan")),
+            "module: blocks.1.qkv[3, 5] = nan is not a finite float32; a checkpoint holds only finite values")
+    refused(lambda m: m.final_norm[7].fill_(float("-inf")),
+            "module: final_norm[7] = -inf is not a finite float32; a checkpoint holds only finite values")
+    refused(lambda m: setattr(m, "final_norm", torch.nn.Parameter(torch.ones(64))),
+            "module: final_norm has shape [64], its config needs [128]")
+    refused(lambda m: setattr(m, "extra", torch.nn.Parameter(torch.ones(4))),
+            "module: holds the tensor extra, which its config does not make; a checkpoint holding it is refused")
+    refused(lambda m: setattr(m, "late_interaction", None),
+            "module: lacks the tensor late_interaction.log_inverse_temperature, which its config needs")
+
+    def overflowing(module):  # named as the module holds it, not as the inf the cast makes
+        module.double()
+        module.final_norm[2] = 1e300
+
+    refused(overflowing, "module: final_norm[2] = 1e+300 is not a finite float32; a checkpoint holds only finite values")
+    module = uform_torch.load(checkpoints["late"]).double()
+    uform_torch.save(module, str(path))  # finite doubles are written as float32
+    with uform.Encoder.load(str(path), cpu) as encoder:
+        assert encoder.hidden == 128
+
+
+def test_save_raises_storage_error_naming_the_path_as_trainer_save_does(cpu, checkpoints, tmp_path):
+    module = uform_torch.load(checkpoints["plain_weights"])
+    path = str(tmp_path / "nope" / "x.safetensors")
+    with uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="masked", schedule=dict(steps=10),
+                                          batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
+        with pytest.raises(uform.StorageError) as library:
+            trainer.save(path)
+    with pytest.raises(uform.StorageError) as ours:
+        uform_torch.save(module, path)
+    assert str(ours.value) == str(library.value) == f"path: cannot write {path}: No such file or directory"
+    with pytest.raises(uform.StorageError, match=f"path: cannot write {tmp_path}: Is a directory"):
+        uform_torch.save(module, tmp_path)
+    assert os.listdir(tmp_path) == []  # no temporary file left behind
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002], ids=oct)
+def test_saved_files_have_the_mode_trainer_save_gives(cpu, checkpoints, tmp_path, umask):
+    module = uform_torch.load(checkpoints["plain_weights"])
+    previous = os.umask(umask)
+    try:
+        uform_torch.save(module, str(tmp_path / "ours.safetensors"))
+        with uform.Trainer.init_ram(cpu, dict(depth=1, hidden=128, objective="masked", schedule=dict(steps=10),
+                                              batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
+            trainer.save(str(tmp_path / "library.safetensors"))
+    finally:
+        os.umask(previous)
+    ours, library = (os.stat(tmp_path / name).st_mode & 0o777 for name in ("ours.safetensors", "library.safetensors"))
+    assert ours == library == 0o644 & ~umask
+    uform_torch.save(module, str(tmp_path / "ours.safetensors"))  # replacing a file works too
+    assert sorted(os.listdir(tmp_path)) == ["library.safetensors", "ours.safetensors"]
+
+
 def test_bfloat16_stays_close(checkpoints):
     with torch.no_grad():
         exact = uform_torch.load(checkpoints["plain"]).embed(TEXTS)

@@ -17,6 +17,7 @@ that is awaitable and `.wait()`-able. Every native call releases the GIL.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.machinery
 import os
 import threading
 import weakref
@@ -37,6 +38,15 @@ if not _wait_chosen:
     os.environ["OMP_WAIT_POLICY"] = "passive"
 try:
     from . import _native
+except ImportError as error:
+    # A checkout's own `uform/` folder, first on sys.path when Python runs inside the checkout, shadows
+    # the installed package and has no extension unless built in place; Python then blames a circular import.
+    _folder = os.path.dirname(os.path.abspath(__file__))
+    if any(os.path.exists(os.path.join(_folder, f"_native{suffix}")) for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        raise  # the extension is there but did not load: its own message says why
+    raise ImportError(f"uform: the package imported is the source folder {_folder}, without its compiled extension "
+                      "(_native); run from another folder to use the installed package, or build in place with "
+                      "`python setup.py build_ext --inplace`") from None
 finally:
     if not _wait_chosen:
         del os.environ["OMP_WAIT_POLICY"]
@@ -610,7 +620,7 @@ class Trainer(_OnExecutor):
         """
         worker = self._worker()
         worker.refuse_own_thread()  # before the step claims its arena
-        return worker.run(self._step_call(batch, config))
+        return worker.run(self._step_call(batch, config), "step")
 
     def save(self, path: Any, weights_only: bool = False, note: Optional[str] = None) -> None:
         """Writes the weights, the optimizer's moments and the step as one safetensors checkpoint.
@@ -622,7 +632,7 @@ class Trainer(_OnExecutor):
         back; empty is none.
         """
         call = self._save_call(path, weights_only, note)
-        self._worker().run(call)
+        self._worker().run(call, "save")
 
     def decode(self, batch: Any) -> "Decoded":
         """Decodes the batch's images, video and audio now, on the calling thread and every core.
@@ -654,7 +664,7 @@ class Trainer(_OnExecutor):
                 ahead.close()
             native.free()
 
-        executor._worker_thread().run(free)
+        executor._worker_thread().run(free, "free")
         self._native = self._executor = self._mesh = None
         executor._borrowers.discard(self)
         if mesh is not None:
@@ -673,12 +683,12 @@ class Trainer(_OnExecutor):
                     holder._release()
             return Stats(stats), gradients
 
-        return self._worker().run(probe)
+        return self._worker().run(probe, "probe")
 
     def _weights(self):
         """For tests: the flat float32 weights, in the checkpoint's tensor order."""
         native = self._handle()
-        return self._worker().run(native.weights)
+        return self._worker().run(native.weights, "weights")
 
     def __repr__(self) -> str:
         state = "" if self._native is not None else " freed"
@@ -756,7 +766,7 @@ class Encoder(_OnExecutor):
             raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
         source = encode_path(path, "path")
         handle = executor._handle()
-        native = executor._worker_thread().run(lambda: _native.EncoderHandle.load(handle, source))
+        native = executor._worker_thread().run(lambda: _native.EncoderHandle.load(handle, source), "load")
         encoder = cls.__new__(cls)
         encoder._native = native
         encoder._executor = executor
@@ -810,7 +820,7 @@ class Encoder(_OnExecutor):
         """
         worker = self._worker()
         worker.refuse_own_thread()
-        return worker.run(self._tokens_call(modalities, contents, sides))
+        return worker.run(self._tokens_call(modalities, contents, sides), "embed_tokens")
 
     def _choose_call(self, texts: Any, choices: Any):
         """Checks the texts and choices now; answers the call that scores them on the worker."""
@@ -838,7 +848,7 @@ class Encoder(_OnExecutor):
         """
         worker = self._worker()
         worker.refuse_own_thread()
-        return worker.run(self._choose_call(texts, choices))
+        return worker.run(self._choose_call(texts, choices), "text_choose")
 
     def embed(self, modalities: Sequence[Any], contents: Any, scalar: Any = Scalar.F32,
               arena: Optional[Arena] = None) -> Rows:
@@ -852,7 +862,7 @@ class Encoder(_OnExecutor):
         """
         worker = self._worker()
         worker.refuse_own_thread()  # before the call claims its arena
-        return worker.run(self._embed_call(modalities, contents, scalar, arena))
+        return worker.run(self._embed_call(modalities, contents, scalar, arena), "embed")
 
     def deferred(self) -> "EncoderDeferred":
         """The same verbs, each submitted to the executor's worker and answered as a `Deferred`."""
@@ -866,7 +876,7 @@ class Encoder(_OnExecutor):
         native, executor = self._native, self._executor
         if native is None or executor is None:
             return
-        executor._worker_thread().run(native.free)
+        executor._worker_thread().run(native.free, "free")
         self._native = self._executor = None
         executor._borrowers.discard(self)
 

@@ -143,10 +143,27 @@ class Worker:
         self._queue.put((future, call))
         return future
 
-    def run(self, call: Callable[[], Any]) -> Any:
-        """Runs `call` behind every verb submitted before it, and returns its result."""
+    def run(self, call: Callable[[], Any], verb: str = "verb") -> Any:
+        """Runs `call` behind every verb submitted before it, and returns its result.
+
+        Ctrl-C stops only this thread's waiting, never the call on the worker, so an interrupt waits
+        for the call to land and is then raised with a note saying how `verb` ended: a caller that
+        catches it must not believe the step did not happen and feed the batch again.
+        """
         self.refuse_own_thread()
-        return self.submit(call).result()
+        future = self.submit(call)
+        try:
+            return future.result()
+        except KeyboardInterrupt as interrupt:
+            if future.done() and future.exception() is interrupt:  # the call's own, not Ctrl-C's
+                raise
+            started = "had started" if future.running() or future.done() else "was queued, then ran,"
+            _land_despite_interrupts(future)
+            error = future.exception()
+            ending = "completed" if error is None else f"failed ({type(error).__name__}: {error})"
+            if hasattr(interrupt, "add_note"):  # Python 3.11+
+                interrupt.add_note(f"uform: the {verb} {started} and {ending} before this interrupt took effect")
+            raise
 
     def refuse_own_thread(self) -> None:
         """Raises `Busy` on the worker's own thread, where waiting for a verb would wait on itself."""
@@ -172,6 +189,16 @@ class Worker:
 
 
 _workers: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+
+
+def _land_despite_interrupts(future: concurrent.futures.Future) -> None:
+    """Waits for `future`; a further Ctrl-C waits on, as the native call under it cannot be stopped."""
+    while True:
+        try:
+            concurrent.futures.wait([future])
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _settle(future: concurrent.futures.Future, call: Callable[[], Any]) -> None:

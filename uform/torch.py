@@ -22,6 +22,8 @@ without a GPU, `pip install torch --index-url https://download.pytorch.org/whl/c
 """
 from __future__ import annotations
 
+import fcntl
+import itertools
 import json
 import os
 import stat
@@ -36,7 +38,7 @@ except ImportError as error:  # the core package works without it; only this mod
                       f"https://download.pytorch.org/whl/cpu) ({error})") from None
 
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as save_tensors
 
 from . import _note_bytes, media_tokens
 from .config import LateInteractionSide, Modality, enum_member
@@ -650,13 +652,97 @@ def save(module: Encoder, path: Any, note: Any = _KEEP) -> None:
 
     `note` replaces the module's note (`module.note`, which `load` read from the checkpoint's
     `__metadata__.note`), as `Trainer.save(path, note=...)` stores one, refused as it refuses one (over
-    `uform.MAX_NOTE_BYTES`, say); None or "" stores none. `uform.checkpoint_note(path)` reads it back."""
+    `uform.MAX_NOTE_BYTES`, say); None or "" stores none. `uform.checkpoint_note(path)` reads it back.
+
+    A tensor the config does not make or of a shape it does not need, or a value that is not a finite
+    float32, raises `uform.InvalidArgument` naming it, and nothing is written. The file is written beside
+    `path` and renamed into place, with the mode `Trainer.save` gives (0644 less the umask); a path that
+    cannot be written raises `uform.StorageError` naming it, as `Trainer.save` does."""
     if not isinstance(module, Encoder):
         raise InvalidArgument(f"module: expected a uform.torch.Encoder, got {type(module).__name__}")
     note = module.note if note is _KEEP else note
-    tensors = {name: tensor.detach().to("cpu", torch.float32).contiguous()
-               for name, tensor in module.state_dict().items()}
+    tensors = _checked_tensors(module)
     metadata = {"format": FORMAT, "step": str(module.step), "config": module.config_json, "weights_only": "true"}
     if note is not None and _note_bytes(note):
         metadata["note"] = note
-    save_file(tensors, os.fspath(path), metadata=metadata)
+    _write_in_place(os.fsdecode(os.fspath(path)), save_tensors(tensors, metadata=metadata))
+
+
+def _checked_tensors(module: Encoder) -> dict:
+    """The module's tensors as float32 on the CPU, refused (`InvalidArgument`, by name) where `load` and
+    `uform.Encoder.load` would refuse the file: a tensor its config does not make, a shape it does not
+    need, a value that is not a finite float32. Judged before anything is written."""
+    with torch.device("meta"):  # the names and shapes `load` expects of this config, without their memory
+        expected = {name: tuple(tensor.shape)
+                    for name, tensor in Encoder(json.loads(module.config_json)).state_dict().items()}
+    state = module.state_dict()
+    for name in state:
+        if name not in expected:
+            raise InvalidArgument(f"module: holds the tensor {name}, which its config does not make; a checkpoint "
+                                  "holding it is refused")
+    tensors = {}
+    for name, shape in expected.items():
+        if name not in state:
+            raise InvalidArgument(f"module: lacks the tensor {name}, which its config needs")
+        tensor = state[name].detach()
+        if tuple(tensor.shape) != shape:
+            raise InvalidArgument(f"module: {name} has shape {list(tensor.shape)}, its config needs {list(shape)}")
+        stored = tensor.to("cpu", torch.float32).contiguous()
+        bad = (~torch.isfinite(stored)).nonzero()
+        if len(bad):  # the value as the module holds it, before the cast made it inf
+            at = tuple(bad[0].tolist())
+            raise InvalidArgument(f"module: {name}[{', '.join(map(str, at))}] = {tensor[at].item()!r} is not a finite "
+                                  "float32; a checkpoint holds only finite values")
+        tensors[name] = stored
+    return tensors
+
+
+_saves_started = itertools.count()  # with the PID, makes every temporary name unique, as the library's are
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    """Writes `data` as `Trainer.save` writes a checkpoint: into `.NAME.PID.N.partial` beside `path`, created
+    exclusively with mode 0644 less the umask, then renamed over it, so a crash keeps the previous file and
+    the library's sweep of dead writers' leftovers knows ours. Failures raise `StorageError` naming `path`."""
+    folder, name = os.path.split(path)
+    created = None
+    try:
+        for attempt in range(64):
+            temporary = os.path.join(folder, f".{name}.{os.getpid()}.{next(_saves_started)}.partial")
+            try:
+                descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:  # a dead process's leftover under our PID: never someone else's file
+                if attempt == 63:
+                    raise
+                continue
+            created = temporary
+            break
+        with os.fdopen(descriptor, "wb") as file:
+            try:  # as the library's writers lock theirs, so no other process's sweep removes it meanwhile
+                fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # where locks are not supported, the PID alone guards the file
+                pass
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(created, path)
+        created = None
+    except BaseException as error:
+        if created is not None:
+            try:
+                os.unlink(created)
+            except OSError:
+                pass
+        if isinstance(error, OSError):
+            raise StorageError(f"path: cannot write {path}: {error.strerror}") from None
+        raise
+    try:  # the rename is durable once the folder's entry is; best effort, as the library's
+        directory = os.open(folder or ".", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(directory)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
