@@ -225,6 +225,36 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert described["note"] == "fine-tuned by hand" and "cursor" not in described
 
 
+def test_info_refuses_a_checkpoint_the_loader_refuses_after_its_summary(run, tmp_path, capsys):
+    """`uform info` checks the file as `Encoder.load` does, not its header alone: a truncated file and a
+    tensor of the wrong shape are described as far as they go, then refused, naming what is wrong."""
+    config = run(steps=3)
+    assert cli.main(["train", config]) == 0
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "pairs" / "checkpoints" / "*.safetensors"))
+    truncated, reshaped = str(tmp_path / "truncated.safetensors"), str(tmp_path / "reshaped.safetensors")
+    with open(checkpoint, "rb") as file:
+        data = file.read()
+    with open(truncated, "wb") as file:
+        file.write(data[:len(data) // 2])
+    with safetensors.safe_open(checkpoint, "np") as file:
+        metadata, tensors = file.metadata(), {name: file.get_tensor(name) for name in file.keys()}
+    tensors["text.embedding"] = tensors["text.embedding"][:, :64].copy()
+    safetensors.numpy.save_file(tensors, reshaped, metadata=metadata)
+    capsys.readouterr()
+    for path, why in ((truncated, r"runs past the end of the data"), (reshaped, r"holds text.embedding as F32 \[260, 64\], "
+                                                                              r"the model needs F32 \[260, 128\]")):
+        assert cli.main(["info", path]) == 1
+        printed = capsys.readouterr()
+        assert "step 3" in printed.out and "depth 1, hidden 128" in printed.out
+        assert re.fullmatch(rf"uform info: CHECKPOINT: {re.escape(path)}:? .*{why}.*\n", printed.err), printed.err
+        assert cli.main(["info", path, "--json"]) == 1
+        described = json.loads(capsys.readouterr().out)
+        assert described["valid"] is False and re.search(why, described["error"]) and described["step"] == 3
+    assert cli.main(["info", checkpoint, "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["valid"] is True and "error" not in described
+
+
 def test_info_shows_a_note_of_another_shape_as_text(run, tmp_path, capsys):
     """Only a note of exactly the shape `uform train` writes is read as a stream's cursor; any other JSON,
     `"cursor"` key or not, is its writer's own text."""

@@ -2,7 +2,7 @@
 
     uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
     uform embed CHECKPOINT INPUT OUTPUT     # one table, tar shard or folder in, .npy or .parquet out
-    uform info CHECKPOINT                   # geometry, step, config, tensor sizes
+    uform info CHECKPOINT                   # geometry, step, config, tensor sizes; exit 1 where no reader loads it
 
 A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
 `[trainer.batch]`, `[trainer.schedule]`, ...; docs/python.md), `[data]` a `uform.data.Dataset`, and
@@ -751,8 +751,10 @@ def describe(path: str) -> Dict[str, Any]:
     config = enum_names(TrainerConfig, config)  # "objective": "joint", as a TOML file gives it, not the C number
     moments = ("adamw.first.", "adamw.second.")
     weights = {name: entry for name, entry in tensors.items() if not name.startswith(moments)}
+    step = metadata.get("step", "0")
     described = dict(
-        path=path, bytes=os.path.getsize(path), format=metadata.get("format"), step=int(metadata.get("step", 0)),
+        path=path, bytes=os.path.getsize(path), format=metadata.get("format"),
+        step=int(step) if isinstance(step, str) and re.fullmatch(r"\d+", step) else step,  # as written where it is no step count: refused below
         weights_only=metadata.get("weights_only") == "true",
         geometry=dict(depth=config.get("depth"), hidden=config.get("hidden"), heads=(config.get("hidden") or 0) // 64,
                       parameters=sum(int(np.prod(entry["shape"])) for entry in weights.values())),
@@ -768,11 +770,35 @@ def describe(path: str) -> Dict[str, Any]:
     return described
 
 
+def loader_verdict(path: str) -> Optional[str]:
+    """Why the library refuses the checkpoint at `path`, or None where it loads. The header alone says too
+    little: `Encoder.load` also checks the config, every tensor's name, dtype and shape against it, and
+    that the data holds them all, as any reader of the file would."""
+    try:
+        with uform.Executor.for_ram(threads=1) as executor, uform.Encoder.load(path, executor):
+            return None
+    except InvalidArgument as error:  # the library names the path `path`; the user gave it as CHECKPOINT
+        return re.sub(r"^path: ", "", str(error))
+
+
 def info(path: str, as_json: bool) -> int:
     described = describe(path)
+    error = loader_verdict(path)
+    described["valid"] = error is None
+    if error is not None:
+        described["error"] = error
+    _print_description(described, as_json)
+    if error is None:
+        return 0
+    print(f"uform info: CHECKPOINT: {error}", file=sys.stderr)  # after the summary: the last line a reader sees
+    return 1
+
+
+def _print_description(described: Dict[str, Any], as_json: bool) -> None:
+    path = described["path"]
     if as_json:
         print(json.dumps(described, indent=1))
-        return 0
+        return
     geometry = described["geometry"]
     print(f"{path}: {described['bytes'] / 1e6:.1f} MB, {described['format']}, step {described['step']}"
           + (", weights only" if described["weights_only"] else ""))
@@ -785,10 +811,9 @@ def info(path: str, as_json: bool) -> int:
     elif "note" in described:  # someone else's: shown as written
         print("note: " + described["note"])
     print("config: " + json.dumps(described["config"], indent=1))
-    width = max(map(len, described["tensors"]))
+    width = max(map(len, described["tensors"]), default=0)
     for name, entry in described["tensors"].items():
         print(f"  {name:<{width}}  {entry['dtype']:<5} {str(tuple(entry['shape'])):<16} {entry['bytes']:>12,} bytes")
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------- #
