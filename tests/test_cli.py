@@ -426,6 +426,34 @@ def test_a_checkpoint_without_a_cursor_is_refused_and_an_older_versions_cursor_b
         np.testing.assert_array_equal(resumed[name], unbroken[name], err_msg=name)
 
 
+def test_an_unreadable_newest_checkpoint_is_refused_naming_the_one_before_it(run, tmp_path, capsys):
+    """A truncated newest checkpoint, or junk named like one, stops the run rather than let it resume from
+    older work unasked; the message says which file to move and what the run then resumes from."""
+    config = run(steps=9, every=3)
+    assert cli.main(["train", config]) == 0
+    saved_in = tmp_path / "runs" / "pairs" / "checkpoints"
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [6, 9]
+    config = run(steps=12, every=3)
+    junk = saved_in / "step-000000010.safetensors"
+    junk.write_bytes(b"junk")
+    newest = saved_in / "step-000000009.safetensors"
+    for damaged, older, why in ((junk, "step-000000009.safetensors", "it is 4 bytes, too short"),
+                                (newest, "step-000000006.safetensors", "tensor adamw.")):
+        if damaged == newest:
+            junk.unlink()
+            data = newest.read_bytes()
+            newest.write_bytes(data[:len(data) // 2])
+        capsys.readouterr()
+        assert cli.main(["train", config]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"uform train: the run's newest checkpoint {damaged} is unreadable ({why}") and err.endswith(
+            f"); move it out of {saved_in} to resume from {older}, the one before it\n"), err
+    newest.rename(tmp_path / "moved.safetensors")
+    assert cli.main(["train", config]) == 0
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [9, 12]
+    assert read_log(str(tmp_path / "runs" / "pairs"))[-1]["step"] == 12
+
+
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):
     """A dataset of many shards lists more than a note holds; the note keeps the list's digest."""
     many = {'paths = ["train.jsonl"]': f'paths = {json.dumps(["train.jsonl"] * 20000)}'}

@@ -479,6 +479,23 @@ def train(config_path: str) -> int:
         raise renamed from None
 
 
+def _loader_reason(error: Error, path: str) -> str:
+    """The library's message about the file at `path` without its leading `path: PATH`: `PATH: reason`
+    becomes `reason`, `PATH is 4 bytes, ...` becomes `it is 4 bytes, ...`."""
+    message = str(error)
+    named = "path: " + path
+    if message.startswith(named + ": "):
+        return message[len(named) + 2:]
+    return "it" + message[len(named):] if message.startswith(named + " ") else message
+
+
+def _without_newest(complete: List[Tuple[int, str]], saved_in: str) -> str:
+    """What moving the newest checkpoint out of `saved_in` leads to."""
+    if len(complete) < 2:
+        return f"move it out of {saved_in} to start the run over: no older checkpoint is there"
+    return f"move it out of {saved_in} to resume from {os.path.basename(complete[-2][1])}, the one before it"
+
+
 def _train(config_path: str) -> int:
     config = load_config(config_path)
     folder = config.run.folder
@@ -489,7 +506,13 @@ def _train(config_path: str) -> int:
     complete = checkpoints_in(saved_in)
     if complete:
         step, latest = complete[-1]
-        cursor = stream_cursor(latest, uform.checkpoint_note(latest))
+        try:
+            note = uform.checkpoint_note(latest)
+        except InvalidArgument as error:
+            # Refused rather than passed over: resuming from an older one would silently redo finished work.
+            raise InvalidArgument(f"the run's newest checkpoint {latest} is unreadable ({_loader_reason(error, latest)}); "
+                                  + _without_newest(complete, saved_in)) from None
+        cursor = stream_cursor(latest, note)
         if cursor is None:
             # Refused rather than resumed with the data from its start: every checkpoint this command writes
             # carries its cursor, so one without was saved by hand, or by an older version that stopped before
