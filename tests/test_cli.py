@@ -620,6 +620,46 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
     assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
 
 
+def test_options_and_run_fields_are_named_as_the_user_gave_them(run, tmp_path, capsys, monkeypatch):
+    """The library and the data layer name `threads` and `data.paths`; `uform embed` names the option or
+    argument that gave the value, and `uform train` the config field, run folder included."""
+    checkpoint = str(tmp_path / "tiny.safetensors")
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1), batch=dict(max_columns_per_row=64))) as trainer:
+        trainer.save(checkpoint)
+    source, output = str(tmp_path / "held-out.jsonl"), str(tmp_path / "out.npy")
+    embedding = ["embed", checkpoint, source, output, "--column", "question"]
+    cases = [(["--threads", "5000"], r"^uform embed: --threads: 5000 is over 1024$"),
+             (["--format", "parquet"], rf"^uform embed: INPUT: {re.escape(source)}: no Parquet file \(.*\)$"),
+             (["--chunk", "0"], r"^uform embed: --chunk: 0 is not a positive integer \(the items embedded per call\)$"),
+             (["--chunk", "-1"], r"^uform embed: --chunk: -1 is not a positive integer \(the items embedded per call\)$")]
+    if "vram" not in uform.capabilities():
+        cases.append((["--device", "gpu"], r"^uform embed: --device: 'gpu', but this build or machine has no GPU"))
+    for options, message in cases:
+        assert cli.main(embedding + options) == 1, options
+        assert re.search(message, capsys.readouterr().err.rstrip("\n")), message
+    assert not os.path.exists(output)
+    assert cli.main(embedding + ["--chunk", "5"]) == 0  # 12 records: two whole chunks and a part
+    assert np.load(output).shape == (12, 128)
+
+    assert cli.main(["train", run("threads", **{"threads = 1": "threads = 5000"})]) == 1
+    assert capsys.readouterr().err == "uform train: run.threads: 5000 is over 1024\n"
+    (tmp_path / "a-file").write_text("")
+    under_a_file = str(tmp_path / "a-file" / "run")
+    assert cli.main(["train", run("under", **{"[run]": '[run]\nfolder = "a-file/run"'})]) == 1
+    assert capsys.readouterr().err == f"uform train: run.folder: {under_a_file}: Not a directory\n"
+    made = os.makedirs
+
+    def refused(path, *args, **kwargs):  # as a folder the user may not write to answers, even to root
+        if os.path.basename(path) == "locked":
+            raise PermissionError(1, "Operation not permitted", path)
+        return made(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", refused)
+    assert cli.main(["train", run("locked", **{"[run]": '[run]\nfolder = "runs/locked"'})]) == 1
+    assert capsys.readouterr().err == f"uform train: run.folder: {tmp_path / 'runs' / 'locked'}: Operation not permitted\n"
+
+
 def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monkeypatch, capsys):
     loaded = cli.load_config
 

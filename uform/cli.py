@@ -404,8 +404,9 @@ def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held
 # ---------------------------------------------------------------------------------------------- #
 
 
-def open_executor(device: str, threads: Optional[int]):
-    """(executor, the trainer's init) on a GPU when asked or, for "auto", when this build and machine have one."""
+def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = ("run.device", "run.threads")):
+    """(executor, the trainer's init) on a GPU when asked or, for "auto", when this build and machine have one.
+    Errors name the device and the threads as `names` gives them: config fields, or `uform embed`'s options."""
     if device != "cpu":
         if "vram" in uform.capabilities():
             try:
@@ -414,8 +415,11 @@ def open_executor(device: str, threads: Optional[int]):
                 if device == "gpu":
                     raise
         elif device == "gpu":
-            raise Unsupported("run.device: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
-    return uform.Executor.for_ram(threads=threads), uform.Trainer.init_ram
+            raise Unsupported(f"{names[0]}: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
+    try:
+        return uform.Executor.for_ram(threads=threads), uform.Trainer.init_ram
+    except InvalidArgument as error:  # the library names its argument `threads`
+        raise type(error)(re.sub(r"^threads: ", f"{names[1]}: ", str(error))) from None
 
 
 class _Stop:
@@ -544,7 +548,10 @@ def _train(config_path: str) -> int:
             with executor, init(executor, trainer_config) as trainer:
                 stream.decode_ahead(trainer.decode)
                 try:
-                    os.makedirs(folder, exist_ok=True)  # only now that the library took the config too
+                    try:  # only now that the library took the config too
+                        os.makedirs(folder, exist_ok=True)
+                    except OSError as error:
+                        raise _unusable_folder(folder, error) from None
                     return _train_loop(config, trainer, executor, stream, held_out, step, steps,
                                        trainer_config.get("resume"), cursor, stop)
                 finally:
@@ -553,11 +560,20 @@ def _train(config_path: str) -> int:
         stop.restore()
 
 
+def _unusable_folder(folder: str, error: OSError) -> InvalidArgument:
+    """`error`, met making or writing into the run folder, named as the config field that gave it."""
+    where = f" ({error.filename})" if error.filename and error.filename != folder else ""
+    return InvalidArgument(f"run.folder: {folder}: {error.strerror or error}{where}")
+
+
 def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed, cursor, stop) -> int:
     import tqdm  # only the command draws a bar
 
     every, saved_in = config.checkpoints, os.path.join(config.run.folder, "checkpoints")
-    log = RunLog(config.run.folder)
+    try:
+        log = RunLog(config.run.folder)
+    except OSError as error:  # a folder that exists but takes no files
+        raise _unusable_folder(config.run.folder, error) from None
     log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed))
     if held_out and held_out.bad_records:
         log.write(dict(step=step, held_out_bad_records=held_out.bad_records))
@@ -673,8 +689,27 @@ def _column_modality(column: str) -> Modality:
     return Modality.TEXT
 
 
-def embed(checkpoint: str, source: str, output: str, column: Optional[str], modality: Optional[str],
-          layout: Optional[str], scalar: str, device: str, threads: Optional[int], chunk: int) -> int:
+# The data layer names what it reads as `uform train`'s config does; `uform embed` takes it as arguments.
+_EMBED_NAMES = ((re.compile(r"^data\.paths(\[0\])?: "), "INPUT: "), (re.compile(r"^data\.format: "), "--format: "))
+
+
+def embed(*args: Any) -> int:
+    """`_embed`, its errors naming INPUT and --format where the data layer names [data]'s fields."""
+    try:
+        return _embed(*args)
+    except Error as error:
+        message = str(error)
+        for pattern, name in _EMBED_NAMES:
+            message = pattern.sub(name, message)
+        if message == str(error):
+            raise
+        raise type(error)(message) from None
+
+
+def _embed(checkpoint: str, source: str, output: str, column: Optional[str], modality: Optional[str],
+           layout: Optional[str], scalar: str, device: str, threads: Optional[int], chunk: int) -> int:
+    if chunk < 1:
+        raise InvalidArgument(f"--chunk: {chunk} is not a positive integer (the items embedded per call)")
     if not output.endswith((".npy", ".parquet")):
         raise InvalidArgument(f"OUTPUT: {output!r} ends in neither .npy nor .parquet")
     if not os.path.isfile(checkpoint):
@@ -707,7 +742,7 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
                       "(--modality text embeds the paths as text)", file=sys.stderr)
     dataset = normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout, bad_records="refuse"))
     scalar = scalar_member(scalar, "--scalar")
-    executor, _ = open_executor(device, threads)
+    executor, _ = open_executor(device, threads, ("--device", "--threads"))
     locations, chunks, pending = [], [], []
 
     def flush(encoder):
@@ -891,7 +926,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return train(args.config)
         if args.command == "embed":
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
-                         args.device, args.threads, max(1, args.chunk))
+                         args.device, args.threads, args.chunk)
         return info(args.checkpoint, args.json)
     except KeyboardInterrupt:  # SIGINT before `uform train` installs its own handler, or during another command
         then = " before training began; nothing saved" if args.command == "train" else ""
