@@ -225,6 +225,36 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert described["note"] == "fine-tuned by hand" and "cursor" not in described
 
 
+def test_info_refuses_a_checkpoint_the_loader_refuses_after_its_summary(run, tmp_path, capsys):
+    """`uform info` checks the file as `Encoder.load` does, not its header alone: a truncated file and a
+    tensor of the wrong shape are described as far as they go, then refused, naming what is wrong."""
+    config = run(steps=3)
+    assert cli.main(["train", config]) == 0
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "pairs" / "checkpoints" / "*.safetensors"))
+    truncated, reshaped = str(tmp_path / "truncated.safetensors"), str(tmp_path / "reshaped.safetensors")
+    with open(checkpoint, "rb") as file:
+        data = file.read()
+    with open(truncated, "wb") as file:
+        file.write(data[:len(data) // 2])
+    with safetensors.safe_open(checkpoint, "np") as file:
+        metadata, tensors = file.metadata(), {name: file.get_tensor(name) for name in file.keys()}
+    tensors["text.embedding"] = tensors["text.embedding"][:, :64].copy()
+    safetensors.numpy.save_file(tensors, reshaped, metadata=metadata)
+    capsys.readouterr()
+    for path, why in ((truncated, r"runs past the end of the data"), (reshaped, r"holds text.embedding as F32 \[260, 64\], "
+                                                                              r"the model needs F32 \[260, 128\]")):
+        assert cli.main(["info", path]) == 1
+        printed = capsys.readouterr()
+        assert "step 3" in printed.out and "depth 1, hidden 128" in printed.out
+        assert re.fullmatch(rf"uform info: CHECKPOINT: {re.escape(path)}:? .*{why}.*\n", printed.err), printed.err
+        assert cli.main(["info", path, "--json"]) == 1
+        described = json.loads(capsys.readouterr().out)
+        assert described["valid"] is False and re.search(why, described["error"]) and described["step"] == 3
+    assert cli.main(["info", checkpoint, "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["valid"] is True and "error" not in described
+
+
 def test_info_shows_a_note_of_another_shape_as_text(run, tmp_path, capsys):
     """Only a note of exactly the shape `uform train` writes is read as a stream's cursor; any other JSON,
     `"cursor"` key or not, is its writer's own text."""
@@ -396,6 +426,34 @@ def test_a_checkpoint_without_a_cursor_is_refused_and_an_older_versions_cursor_b
         np.testing.assert_array_equal(resumed[name], unbroken[name], err_msg=name)
 
 
+def test_an_unreadable_newest_checkpoint_is_refused_naming_the_one_before_it(run, tmp_path, capsys):
+    """A truncated newest checkpoint, or junk named like one, stops the run rather than let it resume from
+    older work unasked; the message says which file to move and what the run then resumes from."""
+    config = run(steps=9, every=3)
+    assert cli.main(["train", config]) == 0
+    saved_in = tmp_path / "runs" / "pairs" / "checkpoints"
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [6, 9]
+    config = run(steps=12, every=3)
+    junk = saved_in / "step-000000010.safetensors"
+    junk.write_bytes(b"junk")
+    newest = saved_in / "step-000000009.safetensors"
+    for damaged, older, why in ((junk, "step-000000009.safetensors", "it is 4 bytes, too short"),
+                                (newest, "step-000000006.safetensors", "tensor adamw.")):
+        if damaged == newest:
+            junk.unlink()
+            data = newest.read_bytes()
+            newest.write_bytes(data[:len(data) // 2])
+        capsys.readouterr()
+        assert cli.main(["train", config]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"uform train: the run's newest checkpoint {damaged} is unreadable ({why}") and err.endswith(
+            f"); move it out of {saved_in} to resume from {older}, the one before it\n"), err
+    newest.rename(tmp_path / "moved.safetensors")
+    assert cli.main(["train", config]) == 0
+    assert steps_in(str(tmp_path / "runs" / "pairs")) == [9, 12]
+    assert read_log(str(tmp_path / "runs" / "pairs"))[-1]["step"] == 12
+
+
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):
     """A dataset of many shards lists more than a note holds; the note keeps the list's digest."""
     many = {'paths = ["train.jsonl"]': f'paths = {json.dumps(["train.jsonl"] * 20000)}'}
@@ -560,6 +618,46 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
         assert cli.main(argv) == 1
         assert re.search(message, capsys.readouterr().err), message
     assert not os.path.exists(tmp_path / "runs")  # a refused config leaves no run folder behind
+
+
+def test_options_and_run_fields_are_named_as_the_user_gave_them(run, tmp_path, capsys, monkeypatch):
+    """The library and the data layer name `threads` and `data.paths`; `uform embed` names the option or
+    argument that gave the value, and `uform train` the config field, run folder included."""
+    checkpoint = str(tmp_path / "tiny.safetensors")
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1), batch=dict(max_columns_per_row=64))) as trainer:
+        trainer.save(checkpoint)
+    source, output = str(tmp_path / "held-out.jsonl"), str(tmp_path / "out.npy")
+    embedding = ["embed", checkpoint, source, output, "--column", "question"]
+    cases = [(["--threads", "5000"], r"^uform embed: --threads: 5000 is over 1024$"),
+             (["--format", "parquet"], rf"^uform embed: INPUT: {re.escape(source)}: no Parquet file \(.*\)$"),
+             (["--chunk", "0"], r"^uform embed: --chunk: 0 is not a positive integer \(the items embedded per call\)$"),
+             (["--chunk", "-1"], r"^uform embed: --chunk: -1 is not a positive integer \(the items embedded per call\)$")]
+    if "vram" not in uform.capabilities():
+        cases.append((["--device", "gpu"], r"^uform embed: --device: 'gpu', but this build or machine has no GPU"))
+    for options, message in cases:
+        assert cli.main(embedding + options) == 1, options
+        assert re.search(message, capsys.readouterr().err.rstrip("\n")), message
+    assert not os.path.exists(output)
+    assert cli.main(embedding + ["--chunk", "5"]) == 0  # 12 records: two whole chunks and a part
+    assert np.load(output).shape == (12, 128)
+
+    assert cli.main(["train", run("threads", **{"threads = 1": "threads = 5000"})]) == 1
+    assert capsys.readouterr().err == "uform train: run.threads: 5000 is over 1024\n"
+    (tmp_path / "a-file").write_text("")
+    under_a_file = str(tmp_path / "a-file" / "run")
+    assert cli.main(["train", run("under", **{"[run]": '[run]\nfolder = "a-file/run"'})]) == 1
+    assert capsys.readouterr().err == f"uform train: run.folder: {under_a_file}: Not a directory\n"
+    made = os.makedirs
+
+    def refused(path, *args, **kwargs):  # as a folder the user may not write to answers, even to root
+        if os.path.basename(path) == "locked":
+            raise PermissionError(1, "Operation not permitted", path)
+        return made(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", refused)
+    assert cli.main(["train", run("locked", **{"[run]": '[run]\nfolder = "runs/locked"'})]) == 1
+    assert capsys.readouterr().err == f"uform train: run.folder: {tmp_path / 'runs' / 'locked'}: Operation not permitted\n"
 
 
 def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monkeypatch, capsys):

@@ -2,7 +2,7 @@
 
     uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
     uform embed CHECKPOINT INPUT OUTPUT     # one table, tar shard or folder in, .npy or .parquet out
-    uform info CHECKPOINT                   # geometry, step, config, tensor sizes
+    uform info CHECKPOINT                   # geometry, step, config, tensor sizes; exit 1 where no reader loads it
 
 A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
 `[trainer.batch]`, `[trainer.schedule]`, ...; docs/python.md), `[data]` a `uform.data.Dataset`, and
@@ -404,8 +404,9 @@ def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held
 # ---------------------------------------------------------------------------------------------- #
 
 
-def open_executor(device: str, threads: Optional[int]):
-    """(executor, the trainer's init) on a GPU when asked or, for "auto", when this build and machine have one."""
+def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = ("run.device", "run.threads")):
+    """(executor, the trainer's init) on a GPU when asked or, for "auto", when this build and machine have one.
+    Errors name the device and the threads as `names` gives them: config fields, or `uform embed`'s options."""
     if device != "cpu":
         if "vram" in uform.capabilities():
             try:
@@ -414,8 +415,11 @@ def open_executor(device: str, threads: Optional[int]):
                 if device == "gpu":
                     raise
         elif device == "gpu":
-            raise Unsupported("run.device: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
-    return uform.Executor.for_ram(threads=threads), uform.Trainer.init_ram
+            raise Unsupported(f"{names[0]}: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
+    try:
+        return uform.Executor.for_ram(threads=threads), uform.Trainer.init_ram
+    except InvalidArgument as error:  # the library names its argument `threads`
+        raise type(error)(re.sub(r"^threads: ", f"{names[1]}: ", str(error))) from None
 
 
 class _Stop:
@@ -479,6 +483,23 @@ def train(config_path: str) -> int:
         raise renamed from None
 
 
+def _loader_reason(error: Error, path: str) -> str:
+    """The library's message about the file at `path` without its leading `path: PATH`: `PATH: reason`
+    becomes `reason`, `PATH is 4 bytes, ...` becomes `it is 4 bytes, ...`."""
+    message = str(error)
+    named = "path: " + path
+    if message.startswith(named + ": "):
+        return message[len(named) + 2:]
+    return "it" + message[len(named):] if message.startswith(named + " ") else message
+
+
+def _without_newest(complete: List[Tuple[int, str]], saved_in: str) -> str:
+    """What moving the newest checkpoint out of `saved_in` leads to."""
+    if len(complete) < 2:
+        return f"move it out of {saved_in} to start the run over: no older checkpoint is there"
+    return f"move it out of {saved_in} to resume from {os.path.basename(complete[-2][1])}, the one before it"
+
+
 def _train(config_path: str) -> int:
     config = load_config(config_path)
     folder = config.run.folder
@@ -489,7 +510,13 @@ def _train(config_path: str) -> int:
     complete = checkpoints_in(saved_in)
     if complete:
         step, latest = complete[-1]
-        cursor = stream_cursor(latest, uform.checkpoint_note(latest))
+        try:
+            note = uform.checkpoint_note(latest)
+        except InvalidArgument as error:
+            # Refused rather than passed over: resuming from an older one would silently redo finished work.
+            raise InvalidArgument(f"the run's newest checkpoint {latest} is unreadable ({_loader_reason(error, latest)}); "
+                                  + _without_newest(complete, saved_in)) from None
+        cursor = stream_cursor(latest, note)
         if cursor is None:
             # Refused rather than resumed with the data from its start: every checkpoint this command writes
             # carries its cursor, so one without was saved by hand, or by an older version that stopped before
@@ -521,7 +548,10 @@ def _train(config_path: str) -> int:
             with executor, init(executor, trainer_config) as trainer:
                 stream.decode_ahead(trainer.decode)
                 try:
-                    os.makedirs(folder, exist_ok=True)  # only now that the library took the config too
+                    try:  # only now that the library took the config too
+                        os.makedirs(folder, exist_ok=True)
+                    except OSError as error:
+                        raise _unusable_folder(folder, error) from None
                     return _train_loop(config, trainer, executor, stream, held_out, step, steps,
                                        trainer_config.get("resume"), cursor, stop)
                 finally:
@@ -530,11 +560,20 @@ def _train(config_path: str) -> int:
         stop.restore()
 
 
+def _unusable_folder(folder: str, error: OSError) -> InvalidArgument:
+    """`error`, met making or writing into the run folder, named as the config field that gave it."""
+    where = f" ({error.filename})" if error.filename and error.filename != folder else ""
+    return InvalidArgument(f"run.folder: {folder}: {error.strerror or error}{where}")
+
+
 def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed, cursor, stop) -> int:
     import tqdm  # only the command draws a bar
 
     every, saved_in = config.checkpoints, os.path.join(config.run.folder, "checkpoints")
-    log = RunLog(config.run.folder)
+    try:
+        log = RunLog(config.run.folder)
+    except OSError as error:  # a folder that exists but takes no files
+        raise _unusable_folder(config.run.folder, error) from None
     log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed))
     if held_out and held_out.bad_records:
         log.write(dict(step=step, held_out_bad_records=held_out.bad_records))
@@ -650,8 +689,27 @@ def _column_modality(column: str) -> Modality:
     return Modality.TEXT
 
 
-def embed(checkpoint: str, source: str, output: str, column: Optional[str], modality: Optional[str],
-          layout: Optional[str], scalar: str, device: str, threads: Optional[int], chunk: int) -> int:
+# The data layer names what it reads as `uform train`'s config does; `uform embed` takes it as arguments.
+_EMBED_NAMES = ((re.compile(r"^data\.paths(\[0\])?: "), "INPUT: "), (re.compile(r"^data\.format: "), "--format: "))
+
+
+def embed(*args: Any) -> int:
+    """`_embed`, its errors naming INPUT and --format where the data layer names [data]'s fields."""
+    try:
+        return _embed(*args)
+    except Error as error:
+        message = str(error)
+        for pattern, name in _EMBED_NAMES:
+            message = pattern.sub(name, message)
+        if message == str(error):
+            raise
+        raise type(error)(message) from None
+
+
+def _embed(checkpoint: str, source: str, output: str, column: Optional[str], modality: Optional[str],
+           layout: Optional[str], scalar: str, device: str, threads: Optional[int], chunk: int) -> int:
+    if chunk < 1:
+        raise InvalidArgument(f"--chunk: {chunk} is not a positive integer (the items embedded per call)")
     if not output.endswith((".npy", ".parquet")):
         raise InvalidArgument(f"OUTPUT: {output!r} ends in neither .npy nor .parquet")
     if not os.path.isfile(checkpoint):
@@ -684,7 +742,7 @@ def embed(checkpoint: str, source: str, output: str, column: Optional[str], moda
                       "(--modality text embeds the paths as text)", file=sys.stderr)
     dataset = normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout, bad_records="refuse"))
     scalar = scalar_member(scalar, "--scalar")
-    executor, _ = open_executor(device, threads)
+    executor, _ = open_executor(device, threads, ("--device", "--threads"))
     locations, chunks, pending = [], [], []
 
     def flush(encoder):
@@ -751,8 +809,10 @@ def describe(path: str) -> Dict[str, Any]:
     config = enum_names(TrainerConfig, config)  # "objective": "joint", as a TOML file gives it, not the C number
     moments = ("adamw.first.", "adamw.second.")
     weights = {name: entry for name, entry in tensors.items() if not name.startswith(moments)}
+    step = metadata.get("step", "0")
     described = dict(
-        path=path, bytes=os.path.getsize(path), format=metadata.get("format"), step=int(metadata.get("step", 0)),
+        path=path, bytes=os.path.getsize(path), format=metadata.get("format"),
+        step=int(step) if isinstance(step, str) and re.fullmatch(r"\d+", step) else step,  # as written where it is no step count: refused below
         weights_only=metadata.get("weights_only") == "true",
         geometry=dict(depth=config.get("depth"), hidden=config.get("hidden"), heads=(config.get("hidden") or 0) // 64,
                       parameters=sum(int(np.prod(entry["shape"])) for entry in weights.values())),
@@ -768,11 +828,35 @@ def describe(path: str) -> Dict[str, Any]:
     return described
 
 
+def loader_verdict(path: str) -> Optional[str]:
+    """Why the library refuses the checkpoint at `path`, or None where it loads. The header alone says too
+    little: `Encoder.load` also checks the config, every tensor's name, dtype and shape against it, and
+    that the data holds them all, as any reader of the file would."""
+    try:
+        with uform.Executor.for_ram(threads=1) as executor, uform.Encoder.load(path, executor):
+            return None
+    except InvalidArgument as error:  # the library names the path `path`; the user gave it as CHECKPOINT
+        return re.sub(r"^path: ", "", str(error))
+
+
 def info(path: str, as_json: bool) -> int:
     described = describe(path)
+    error = loader_verdict(path)
+    described["valid"] = error is None
+    if error is not None:
+        described["error"] = error
+    _print_description(described, as_json)
+    if error is None:
+        return 0
+    print(f"uform info: CHECKPOINT: {error}", file=sys.stderr)  # after the summary: the last line a reader sees
+    return 1
+
+
+def _print_description(described: Dict[str, Any], as_json: bool) -> None:
+    path = described["path"]
     if as_json:
         print(json.dumps(described, indent=1))
-        return 0
+        return
     geometry = described["geometry"]
     print(f"{path}: {described['bytes'] / 1e6:.1f} MB, {described['format']}, step {described['step']}"
           + (", weights only" if described["weights_only"] else ""))
@@ -785,10 +869,9 @@ def info(path: str, as_json: bool) -> int:
     elif "note" in described:  # someone else's: shown as written
         print("note: " + described["note"])
     print("config: " + json.dumps(described["config"], indent=1))
-    width = max(map(len, described["tensors"]))
+    width = max(map(len, described["tensors"]), default=0)
     for name, entry in described["tensors"].items():
         print(f"  {name:<{width}}  {entry['dtype']:<5} {str(tuple(entry['shape'])):<16} {entry['bytes']:>12,} bytes")
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -843,7 +926,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return train(args.config)
         if args.command == "embed":
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
-                         args.device, args.threads, max(1, args.chunk))
+                         args.device, args.threads, args.chunk)
         return info(args.checkpoint, args.json)
     except KeyboardInterrupt:  # SIGINT before `uform train` installs its own handler, or during another command
         then = " before training began; nothing saved" if args.command == "train" else ""
