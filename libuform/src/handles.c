@@ -99,8 +99,8 @@ uform_status_t uform_handles_remove(void* handle, uform_handle_kind_t kind, char
     uform_status_t status = uform_handles_check_locked(handle, kind, what, &slot, error);
     size_t borrowers = status == uform_status_success_k ? uform_handles_live[slot].object->borrowers : 0;
     if (borrowers && kind == uform_handle_executor_k)
-        status = uform_fail(error, uform_status_busy_k, "%s: %zu live trainer(s) or encoder(s) borrow it; free them first",
-                            what, borrowers);
+        status = uform_fail(error, uform_status_busy_k,
+                            "%s: %zu live trainer(s), encoder(s) or mesh(es) borrow it; free them first", what, borrowers);
     else if (borrowers && kind == uform_handle_mesh_k) /* only trainers borrow a mesh */
         status = uform_fail(error, uform_status_busy_k, "%s: %zu live trainer(s) borrow it; free them first", what,
                             borrowers);

@@ -438,7 +438,8 @@ int main(int argc, char** argv) {
     CHECK(other == NULL);
 
     /* Borrowed handles cannot be freed while the trainer lives; the trainer still works after. */
-    REFUSED(uform_executor_free(executor, &error), uform_status_busy_k, "executor");
+    REFUSED_EXACTLY(uform_executor_free(executor, &error), uform_status_busy_k,
+                    "executor: 2 live trainer(s), encoder(s) or mesh(es) borrow it; free them first"); /* and its mesh */
     REFUSED_EXACTLY(uform_mesh_free(mesh, &error), uform_status_busy_k,
                     "mesh: 1 live trainer(s) borrow it; free them first"); /* only a trainer borrows a mesh */
     CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
