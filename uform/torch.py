@@ -702,47 +702,37 @@ _saves_started = itertools.count()  # with the PID, makes every temporary name u
 
 def _write_in_place(path: str, data: bytes) -> None:
     """Writes `data` as `Trainer.save` writes a checkpoint: into `.NAME.PID.N.partial` beside `path`, created
-    exclusively with mode 0644 less the umask, then renamed over it, so a crash keeps the previous file and
-    the library's sweep of dead writers' leftovers knows ours. Failures raise `StorageError` naming `path`."""
+    exclusively with mode 0644 less the umask, locked (so the library's sweep of dead writers' leftovers
+    passes it by), then renamed over it, so a crash keeps the previous file. Failures raise `StorageError`
+    naming `path`."""
     folder, name = os.path.split(path)
-    created = None
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{next(_saves_started)}.partial")
+    created = False
     try:
-        for attempt in range(64):
-            temporary = os.path.join(folder, f".{name}.{os.getpid()}.{next(_saves_started)}.partial")
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), "wb") as file:
+            created = True
             try:
-                descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            except FileExistsError:  # a dead process's leftover under our PID: never someone else's file
-                if attempt == 63:
-                    raise
-                continue
-            created = temporary
-            break
-        with os.fdopen(descriptor, "wb") as file:
-            try:  # as the library's writers lock theirs, so no other process's sweep removes it meanwhile
                 fcntl.lockf(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # where locks are not supported, the PID alone guards the file
                 pass
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(created, path)
-        created = None
-    except BaseException as error:
-        if created is not None:
+        os.replace(temporary, path)
+    except BaseException as error:  # an interrupt too leaves no partial file behind
+        if created:
             try:
-                os.unlink(created)
+                os.unlink(temporary)
             except OSError:
                 pass
         if isinstance(error, OSError):
             raise StorageError(f"path: cannot write {path}: {error.strerror}") from None
         raise
-    try:  # the rename is durable once the folder's entry is; best effort, as the library's
+    try:  # the rename is durable once the folder's entry is: best effort, as the library's
         directory = os.open(folder or ".", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(directory)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     except OSError:
         pass
-    finally:
-        os.close(directory)
