@@ -3,6 +3,7 @@
     python bench/gpu.py                      # the three geometries of the performance target
     python bench/gpu.py --geometry 12 512 64 512 --steps 30
     python bench/gpu.py --geometry 12 512 64 512 --determinism fast   # the runs' last bits may vary
+    python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile  # and each kernel's share
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
 bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
@@ -18,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 
 import uform
@@ -32,7 +34,33 @@ def flops_per_token(depth, hidden, cols):
     return 6 * parameters + 6 * 2 * depth * cols * hidden
 
 
-def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism):
+def kernel_shares(trainer, batch, torch, steps=3):
+    """Each kernel's device time a step over `steps` steps under torch's profiler (which sees every
+    library's kernels in the process), largest first, then the device's idle time between kernels
+    and its largest gaps with the kernels on either side, printed to stderr."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        for _ in range(steps):
+            trainer.step(batch)
+    rows = [(getattr(e, "self_device_time_total", 0), e.count, e.key) for e in profiled.key_averages()]
+    rows = sorted((r for r in rows if r[0] > 0), reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"kernels: {total / steps / 1e3:.2f} ms a step", file=sys.stderr)
+    for micros, count, name in rows[:30]:
+        print(f"{100 * micros / total:5.1f} %  {micros / steps:8.1f} us  {count // steps:4d} calls  {name[:110]}",
+              file=sys.stderr)
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in profiled.events()
+                   if e.device_type == DeviceType.CUDA)
+    gaps = sorted(((b[0] - a[1], a[2], b[2]) for a, b in zip(spans, spans[1:]) if b[0] > a[1]), reverse=True)
+    print(f"idle between kernels: {sum(g[0] for g in gaps) / steps / 1e3:.2f} ms a step "
+          f"({len(gaps) / steps:.0f} gaps); the largest:", file=sys.stderr)
+    for micros, before, after in gaps[:12]:
+        print(f"  {micros:8.1f} us  after {before[:60]}  before {after[:60]}", file=sys.stderr)
+
+
+def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism, profile=False):
     batch, config = peer_step(depth, hidden, rows, cols)
     config = dict(config, determinism=determinism)
     free_before = torch.cuda.mem_get_info()[0]
@@ -45,6 +73,8 @@ def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism
             host += stats.host_seconds if step >= warmup else 0.0
         seconds = (time.perf_counter() - start) / steps
         held = free_before - torch.cuda.mem_get_info()[0]
+        if profile:
+            kernel_shares(trainer, batch, torch)
     tokens_per_s = rows * cols / seconds
     return dict(peer="uform", determinism=determinism, depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
@@ -64,6 +94,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-peer", action="store_true", help="time uform alone")
+    parser.add_argument("--profile", action="store_true", help="then print each kernel's share of 3 more steps")
     parser.add_argument("--determinism", choices=["bitwise", "fast"], default="bitwise", help="uform's TrainerConfig.determinism")
     args = parser.parse_args()
     peer = load_peer()
@@ -71,7 +102,7 @@ def main():
 
     peak = peer.peak_bf16_tflops()
     for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
-        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism)
+        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism, args.profile)
         print(json.dumps(ours), flush=True)
         if args.no_peer:
             continue

@@ -1,8 +1,8 @@
 /**
  *  @file   matmul.cu
  *  @brief  d (m, n) = a (m, k) x b (k, n) [+ c] through cuBLASLt, bf16 operands, float32
- *          accumulation, with the GELU and GELU-gradient epilogues fused where the model asks (the
- *          gradient's, on Hopper, by the library's own kernel: `matmul_hopper.cuh`).
+ *          accumulation, with the GELU and GELU-gradient epilogues fused where the model asks (on
+ *          Hopper, by the library's own kernel: `matmul_hopper.cuh`).
  *
  *  cuBLASLt is column-major; a row-major (m, n) matrix is its column-major transpose, so the
  *  row-major d = a x b is computed as the column-major d^T = b^T x a^T: the operands swap places
@@ -46,12 +46,13 @@ struct uform_vram_products_t {
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
 
-/** Whether the library's Hopper kernel takes GELU's gradient: cuBLASLt's dGELU epilogue ran at twice a plain
- *  product's time. Elsewhere, or for a shape or operand it does not take, cuBLASLt does. */
-bool uform_vram_hopper_takes(uform_vram_context_t* context, size_t m, size_t n, size_t k, void const* a, void const* d,
-                             void const* up) {
+/** Whether the library's Hopper kernel takes a product with a GELU epilogue: cuBLASLt ran GELU's gradient at twice
+ *  a plain product's time, and GELU itself at 1.5 times. Elsewhere, or for a shape or operand it does not take,
+ *  cuBLASLt does. */
+bool uform_vram_hopper_takes(uform_vram_context_t* context, size_t m, size_t n, size_t k, void const* a, void const* b,
+                             void const* d, void const* aux) {
     return ((uform_vram_products_t*)context->matmuls)->hopper && uform_hopper_fits(m, n, k) &&
-           uform_hopper_aligned(a, nullptr /* b: transposed into scratch */, d, up) && n * k <= uform_mlp_ratio_k * context->plan.hidden * context->plan.hidden;
+           uform_hopper_aligned(a, b, d, aux);
 }
 
 /** b (rows, columns) row-major into b^T, 32 x 32 tiles through shared memory. */
@@ -230,17 +231,25 @@ uform_status_t uform_vram_matmul(void* context, void* d, void const* c, void con
                               uform_vram_plain_k, nullptr);
 }
 
-uform_status_t uform_vram_matmul_gelu(void* context, void* activated, void* up, void const* a, void const* b, size_t m,
+uform_status_t uform_vram_matmul_gelu(void* context_, void* activated, void* up, void const* a, void const* b, size_t m,
                                       size_t n, size_t k) {
-    return uform_vram_product(context, activated, nullptr, a, b, m, n, k, 0, 1, 0, uform_vram_gelu_k, up);
+    uform_vram_context_t* context = uform_vram(context_);
+    if (!m || !uform_vram_hopper_takes(context, m, n, k, a, b, activated, up))
+        return uform_vram_product(context, activated, nullptr, a, b, m, n, k, 0, 1, 0, uform_vram_gelu_k, up);
+    return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
+                                                 context->multiprocessors, context->stream, uform_hopper_gelu_k,
+                                                 (uform_bf16_t*)activated, (uform_bf16_t*)up, (uform_bf16_t const*)a,
+                                                 (uform_bf16_t const*)b, m, n, k),
+                            "the GELU product");
 }
 
 uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void const* up, void const* a, void const* b,
                                                size_t m, size_t n, size_t k) {
     uform_vram_context_t* context = uform_vram(context_);
-    if (!m || !uform_vram_hopper_takes(context, m, n, k, a, d_up, up))
+    /* The kernel takes b as (n, k): the weight transposed once a call into scratch sized for the MLP's. */
+    bool fits_scratch = n * k <= uform_mlp_ratio_k * context->plan.hidden * context->plan.hidden;
+    if (!m || !fits_scratch || !uform_vram_hopper_takes(context, m, n, k, a, nullptr /* b: transposed */, d_up, up))
         return uform_vram_product(context, d_up, nullptr, a, b, m, n, k, 0, 0, 0, uform_vram_gelu_backward_k, up);
-    /* The kernel takes b as (n, k): the weight transposed once a call, 2 MiB at hidden 512, after cuBLASLt's workspace. */
     uform_bf16_t* transposed = (uform_bf16_t*)((char*)context->scratch[uform_vram_scratch_blas_k] +
                                                uform_vram_blas_workspace_k);
     uform_vram_transpose<<<dim3((unsigned)((n + 31) / 32), (unsigned)((k + 31) / 32)), dim3(32, 8), 0,
@@ -250,6 +259,6 @@ uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void 
     return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
                                                  context->multiprocessors, context->stream,
                                                  uform_hopper_gelu_backward_k, (uform_bf16_t*)d_up,
-                                                 (uform_bf16_t const*)up, (uform_bf16_t const*)a, transposed, m, n, k),
+                                                 (uform_bf16_t*)up /* read */, (uform_bf16_t const*)a, transposed, m, n, k),
                             "the GELU backward product");
 }

@@ -8,15 +8,18 @@
  *  with the tensor memory accelerator into a ring of five stages (128-byte swizzle, zeros past the
  *  matrices' edges), and two warpgroups take the tiles in turn: each multiplies its tile's slices
  *  with `wgmma` (two 64 x 128 x 16 instructions per 16 columns of k), holding the 128 x 128 sums in
- *  registers, then runs the epilogue while the other warpgroup multiplies its own tile. The
- *  epilogue passes each warp's rows through shared memory, so every load and store of d and aux is
- *  256 contiguous bytes:
+ *  registers, then runs the epilogue while the other warpgroup multiplies its own tile. Each
+ *  warpgroup owns a 128 x 128 bf16 tile of shared memory: the loading thread fills it with the
+ *  tile's aux while the products run, the epilogue replaces each element with its result in place,
+ *  and the tensor memory accelerator stores it to d, so no thread waits on global memory:
  *
- *    plain:          d = bf16(sum)                         (the bench's yardstick against cuBLASLt)
+ *    plain:          d = bf16(sum)
+ *    gelu:           d = bf16(gelu(sum)), aux = bf16(sum)  (aux stored first, through the same tile)
  *    gelu_backward:  d = bf16(sum * gelu'(aux))            (aux: the sums before GELU, bf16)
  *
- *  GELU's slope takes the hardware's tanh: one special-function op an element, where `tanhf` or
- *  an exponential and a division would make the epilogue outlast a k = 512 tile's products.
+ *  GELU (tanh form) and its slope take the hardware's tanh: one special-function op an element,
+ *  where `tanhf` or an exponential and a division would make the epilogue outlast a k = 512 tile's
+ *  products.
  *
  *  Every output element is one thread's sum over k in a fixed order: deterministic, no split of k.
  *  The instructions exist on sm_90a only: the host launches the kernel on compute capability 9.0
@@ -33,17 +36,26 @@
 
 enum uform_hopper_epilogue_t {
     uform_hopper_plain_k,
+    uform_hopper_gelu_k,
     uform_hopper_gelu_backward_k,
 };
 
 namespace uform_hopper {
 
 constexpr int tile_m = 128, tile_n = 128, tile_k = 64, stages = 5;
-static_assert((2 * stages + 2) * 8 <= 128, "the barriers fit their 128 bytes");
+static_assert((2 * stages + 6) * 8 <= 128, "the barriers fit their 128 bytes");
 constexpr int consumers = 128, threads = 3 * consumers; /* two warpgroups multiply, one thread of the third loads */
 constexpr unsigned tile_bytes = tile_m * tile_k * 2;      /* one stage of a, and of b: 16 KiB each */
-constexpr size_t scratch_bytes = 2 * consumers / 32 * 8 * (tile_n + 8) * sizeof(float); /* see store_rows */
-constexpr size_t shared_bytes = 1024 /* alignment */ + 2 * stages * tile_bytes + 128 /* barriers */ + scratch_bytes;
+constexpr unsigned half_bytes = tile_m * 64 * 2;          /* 64 columns of an output tile: one 128-byte-swizzled box */
+constexpr size_t shared_bytes = 1024 /* alignment */ + 2 * stages * tile_bytes + 2 * 2 * half_bytes + 128 /* barriers */;
+static_assert(shared_bytes <= 227 * 1024, "a block's shared memory fits a Hopper multiprocessor");
+
+/** GELU (tanh form) at x, with the hardware's tanh. */
+__device__ __forceinline__ float gelu(float x) {
+    float t, inner = x * fmaf(0.7978845608f * 0.044715f, x * x, 0.7978845608f);
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(inner));
+    return 0.5f * x * (1.0f + t);
+}
 
 /** The slope of GELU (tanh form) at x, with the hardware's tanh (relative error about 2^-11). */
 __device__ __forceinline__ float gelu_slope(float x) {
@@ -94,6 +106,19 @@ __device__ __forceinline__ void load_box(void* destination, CUtensorMap const* m
                  : "memory");
 }
 
+/** Stores shared memory to the box at (column, row) of a 2-D tensor; parts past its edges are not written. */
+__device__ __forceinline__ void store_box(CUtensorMap const* map, void const* source, int column, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                 :
+                 : "l"(map), "r"(shared_address(source)), "r"(column), "r"(row)
+                 : "memory");
+}
+
+/** Waits at a named barrier for the 128 threads of warpgroup `group` (barrier 0 is __syncthreads'). */
+__device__ __forceinline__ void group_sync(int group) {
+    asm volatile("bar.sync %0, 128;" ::"r"(group + 1) : "memory");
+}
+
 /** A shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte swizzle, 8-row groups 1 KiB apart. */
 __device__ __forceinline__ uint64_t descriptor(void const* pointer) {
     uint64_t address = shared_address(pointer);
@@ -127,60 +152,33 @@ __device__ __forceinline__ void pin(float (&d)[64]) {
 #endif
 
 struct arguments_t {
-    __nv_bfloat16* d;
-    __nv_bfloat16 const* aux; /* gelu_backward_k: the sums before GELU */
     int m, n, k;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/** Four bf16 values of one 8-byte load as floats, and back. */
-__device__ __forceinline__ float4 unpack4(uint2 bits) {
-    float2 low = __bfloat1622float2(*(__nv_bfloat162*)&bits.x), high = __bfloat1622float2(*(__nv_bfloat162*)&bits.y);
-    return make_float4(low.x, low.y, high.x, high.y);
-}
-
-__device__ __forceinline__ uint2 pack4(float4 values) {
-    __nv_bfloat162 low = __floats2bfloat162_rn(values.x, values.y), high = __floats2bfloat162_rn(values.z, values.w);
-    return make_uint2(*(uint32_t*)&low, *(uint32_t*)&high);
-}
-
-/*  The epilogue of 8 rows of a warp's fragment (`below`: the upper or lower 8 of its 16), by way of
-    the warp's own 8 x 128 float32 scratch in shared memory: a fragment spreads each row over 4
-    lanes and 16 registers, while a row of the scratch is read by all 32 lanes, 4 columns each, so
-    every global load and store of the warp is 256 contiguous bytes. A scratch row is padded by 32
-    bytes, so the fragment's writes fall on distinct banks. */
-constexpr int scratch_row_floats = tile_n + 8;
-
+/*  The epilogue of a 64 x 128 fragment in place over the warpgroup's tile. Thread (warp w, lane l)
+    holds, for j in 0..15, columns 8j + 2(l % 4) and the next, in row 16w + l / 4 (values 4j, 4j + 1)
+    and 8 rows below (4j + 2, 4j + 3). The tile lies as the tensor memory accelerator's two boxes of
+    64 columns, 128 bytes a row, with 16-byte chunk c of row r at chunk c ^ (r % 8): the 8 rows a
+    warp touches at once fall on distinct chunks, so its 32 accesses take the 32 banks once each. */
 template <uform_hopper_epilogue_t epilogue>
-__device__ __forceinline__ void store_rows(float const (&sums)[64], int below, float* scratch, int row0, int column0,
-                                           arguments_t const& args) {
-    int const lane = threadIdx.x % 32;
-    __syncwarp();
+__device__ __forceinline__ void finish(float const (&sums)[64], uint8_t* tile, int row0) {
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
 #pragma unroll
-    for (int j = 0; j != 16; ++j)
-        *(float2*)(scratch + (lane / 4) * scratch_row_floats + 8 * j + 2 * (lane % 4)) =
-            make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
-    __syncwarp();
-    int column = column0 + 4 * lane;
-    if (column >= args.n) return;
-    int rows = args.m - row0 < 8 ? args.m - row0 : 8;
-    uint2 loaded[8]; /* every row's sums before GELU, loaded before any store so their latencies overlap */
-    if (epilogue == uform_hopper_gelu_backward_k) {
+    for (int below = 0; below != 2; ++below) {
+        uint8_t* row = tile + (row0 + warp * 16 + lane / 4 + 8 * below) * 128 + 4 * (lane % 4);
 #pragma unroll
-        for (int r = 0; r != 8; ++r)
-            if (r < rows) loaded[r] = *(uint2 const*)(args.aux + (size_t)(row0 + r) * args.n + column);
-    }
-#pragma unroll
-    for (int r = 0; r != 8; ++r) {
-        if (r >= rows) break;
-        float4 x = *(float4 const*)(scratch + r * scratch_row_floats + 4 * lane);
-        size_t at = (size_t)(row0 + r) * args.n + column;
-        if (epilogue == uform_hopper_gelu_backward_k) {
-            float4 up = unpack4(loaded[r]);
-            x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y), x.z *= gelu_slope(up.z), x.w *= gelu_slope(up.w);
+        for (int j = 0; j != 16; ++j) {
+            __nv_bfloat162* at = (__nv_bfloat162*)(row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16));
+            float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
+            if (epilogue == uform_hopper_gelu_k) x.x = gelu(x.x), x.y = gelu(x.y);
+            if (epilogue == uform_hopper_gelu_backward_k) {
+                float2 up = __bfloat1622float2(*at);
+                x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
+            }
+            *at = __floats2bfloat162_rn(x.x, x.y);
         }
-        *(uint2*)(args.d + at) = pack4(x);
     }
 }
 
@@ -194,21 +192,28 @@ __device__ __forceinline__ void store_rows(float const (&sums)[64], int below, f
     ring from the next by parity alone, so no waiter may be two passes ahead of the loads. */
 template <uform_hopper_epilogue_t epilogue>
 __global__ void __launch_bounds__(threads, 1)
-    product(__grid_constant__ CUtensorMap const a_map, __grid_constant__ CUtensorMap const b_map, arguments_t args) {
+    product(__grid_constant__ CUtensorMap const a_map, __grid_constant__ CUtensorMap const b_map,
+            __grid_constant__ CUtensorMap const d_map, __grid_constant__ CUtensorMap const aux_map, arguments_t args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t raw[];
-    uint8_t* base = (uint8_t*)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023); /* the swizzle needs 1 KiB alignment */
+    /* The swizzle needs 1 KiB alignment. Offsetting the pointer itself, not an integer made of it, keeps
+       the compiler knowing it is shared memory, so the epilogue's accesses stay `ld.shared`/`st.shared`. */
+    uint8_t* base = raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
     uint8_t* a_stages = base;
     uint8_t* b_stages = base + stages * tile_bytes;
-    uint64_t* full = (uint64_t*)(base + 2 * stages * tile_bytes);
+    uint8_t* outputs = base + 2 * stages * tile_bytes; /* each warpgroup's output tile */
+    uint64_t* full = (uint64_t*)(outputs + 2 * 2 * half_bytes);
     uint64_t* empty = full + stages;
-    uint64_t* order = empty + stages; /* order[g]: warpgroup g may start its next tile's products */
-    float* scratches = (float*)(base + 2 * stages * tile_bytes + 128); /* each consumer warp's epilogue rows */
+    uint64_t* order = empty + stages;    /* order[g]: warpgroup g may start its next tile's products */
+    uint64_t* aux_full = order + 2;      /* aux_full[g]: g's tile holds its aux */
+    uint64_t* aux_empty = aux_full + 2;  /* aux_empty[g]: g's last store has read its tile */
+    bool const has_aux = epilogue == uform_hopper_gelu_backward_k;
     int const columns_of_tiles = (args.n + tile_n - 1) / tile_n;
     int const tiles = ((args.m + tile_m - 1) / tile_m) * columns_of_tiles, slices = (args.k + tile_k - 1) / tile_k;
     if (threadIdx.x == 0) {
         for (int s = 0; s != stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], 4);
         barrier_init(&order[0], 4), barrier_init(&order[1], 4);
+        for (int g = 0; g != 2; ++g) barrier_init(&aux_full[g], 1), barrier_init(&aux_empty[g], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -216,8 +221,8 @@ __global__ void __launch_bounds__(threads, 1)
     if (threadIdx.x >= 2 * consumers) { /* the loading warpgroup gives its registers up; one thread issues every copy */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x != 2 * consumers) return;
-        unsigned entry = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        unsigned entry = 0, turn = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++turn) {
             int row = (tile / columns_of_tiles) * tile_m, column = (tile % columns_of_tiles) * tile_n;
             for (int slice = 0; slice != slices; ++slice, ++entry) {
                 int stage = entry % stages;
@@ -226,12 +231,21 @@ __global__ void __launch_bounds__(threads, 1)
                 load_box(a_stages + stage * tile_bytes, &a_map, &full[stage], slice * tile_k, row);
                 load_box(b_stages + stage * tile_bytes, &b_map, &full[stage], slice * tile_k, column);
             }
+            /* After the tile's slices, so the ring never waits on an epilogue; the aux lands while they multiply. */
+            if (has_aux) {
+                int g = turn % 2;
+                uint8_t* output = outputs + g * 2 * half_bytes;
+                barrier_wait(&aux_empty[g], ((turn / 2) & 1) ^ 1);
+                barrier_expect(&aux_full[g], 2 * half_bytes);
+                load_box(output, &aux_map, &aux_full[g], column, row);
+                load_box(output + half_bytes, &aux_map, &aux_full[g], column + 64, row);
+            }
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    int const group = threadIdx.x / consumers, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    int const group = threadIdx.x / consumers, lane = threadIdx.x % 32;
     float upper[64], lower[64]; /* the tile's rows 0-63 and 64-127 */
     unsigned turn = group;      /* the block's tile sequence number */
     for (int tile = blockIdx.x + group * gridDim.x; tile < tiles; tile += 2 * gridDim.x, turn += 2) {
@@ -263,15 +277,33 @@ __global__ void __launch_bounds__(threads, 1)
         pin(upper), pin(lower);
         if (released >= 0 && lane == 0) barrier_arrive(&empty[released]);
 
-        /* A 64 x 128 fragment: thread (warp w, lane l) holds, for j in 0..15, columns 8j + 2(l % 4) and
-           the next, in row 16w + l / 4 (values 4j, 4j + 1) and 8 rows below (4j + 2, 4j + 3). */
-        float* scratch = scratches + (threadIdx.x / 32) * 8 * scratch_row_floats;
-        int row = row0 + warp * 16;
-        store_rows<epilogue>(upper, 0, scratch, row, column0, args);
-        store_rows<epilogue>(upper, 1, scratch, row + 8, column0, args);
-        store_rows<epilogue>(lower, 0, scratch, row + 64, column0, args);
-        store_rows<epilogue>(lower, 1, scratch, row + 72, column0, args);
+        uint8_t* output = outputs + group * 2 * half_bytes;
+        bool const leader = threadIdx.x % consumers == 0; /* issues the stores and waits for their reads */
+        auto store = [&](CUtensorMap const* map) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the writes, seen by the store's copy */
+            group_sync(group);
+            if (!leader) return;
+            store_box(map, output, column0, row0);
+            if (column0 + 64 < args.n) store_box(map, output + half_bytes, column0 + 64, row0);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        };
+        if (has_aux)
+            barrier_wait(&aux_full[group], (turn / 2) & 1); /* loaded after the last store read the tile */
+        else
+            group_sync(group); /* the leader has seen the last store read the tile */
+        if (epilogue == uform_hopper_gelu_k) { /* the sums before GELU, kept for the backward pass */
+            finish<uform_hopper_plain_k>(upper, output, 0);
+            finish<uform_hopper_plain_k>(lower, output, 64);
+            store(&aux_map);
+            group_sync(group);
+        }
+        finish<epilogue>(upper, output, 0);
+        finish<epilogue>(lower, output, 64);
+        store(&d_map);
+        if (leader && has_aux) barrier_arrive(&aux_empty[group]);
     }
+    if (threadIdx.x % consumers == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #else
     __trap(); /* built without sm_90a's instructions: fail loudly, never leave d unwritten */
 #endif
@@ -316,34 +348,45 @@ static inline bool uform_hopper_aligned(void const* a, void const* b, void const
     return !((uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)d % 16 || (uintptr_t)aux % 16);
 }
 
-/** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), both row-major. The caller checks
- *  `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse. */
+/** A tensor map over a row-major bf16 (rows, columns) matrix, read or written in boxes of (box_rows, 64) with the
+ *  128-byte swizzle; false where the driver refuses it. */
+static inline bool uform_hopper_map(uform_hopper_encoder_t encode, CUtensorMap* map, void const* matrix, size_t rows,
+                                    size_t columns, unsigned box_rows) {
+    cuuint64_t sizes[2] = {columns, rows}, strides[1] = {columns * 2};
+    cuuint32_t box[2] = {64, box_rows}, unit[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)matrix, sizes, strides, box, unit,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), d and aux (m, n), all row-major; aux is
+ *  written by `gelu`, read by `gelu_backward`. The caller checks `uform_hopper_fits` and `uform_hopper_aligned` first;
+ *  this refuses what they refuse. */
 static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                                uform_hopper_epilogue_t epilogue, __nv_bfloat16* d,
-                                               __nv_bfloat16 const* aux, __nv_bfloat16 const* a,
+                                               __nv_bfloat16* aux, __nv_bfloat16 const* a,
                                                __nv_bfloat16 const* b, size_t m, size_t n, size_t k) {
     using namespace uform_hopper;
+    static_assert(tile_k == 64 && tile_n == 2 * 64, "boxes are 64 columns: 128 bytes, the swizzle's span");
     if (!m) return cudaSuccess;
     if (!uform_hopper_fits(m, n, k) || !uform_hopper_aligned(a, b, d, aux)) return cudaErrorInvalidValue;
-    CUtensorMap a_map, b_map;
-    cuuint64_t a_sizes[2] = {k, m}, b_sizes[2] = {k, n}, strides[1] = {k * 2};
-    cuuint32_t a_box[2] = {tile_k, tile_m}, b_box[2] = {tile_k, tile_n}, unit[2] = {1, 1};
-    if (encode(&a_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)a, a_sizes, strides, a_box, unit,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-        encode(&b_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)b, b_sizes, strides, b_box, unit,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    if (epilogue != uform_hopper_plain_k && !aux) return cudaErrorInvalidValue;
+    CUtensorMap a_map, b_map, d_map, aux_map;
+    if (!uform_hopper_map(encode, &a_map, a, m, k, tile_m) || !uform_hopper_map(encode, &b_map, b, n, k, tile_n) ||
+        !uform_hopper_map(encode, &d_map, d, m, n, tile_m) ||
+        !uform_hopper_map(encode, &aux_map, aux ? aux : d, m, n, tile_m))
         return cudaErrorInvalidValue;
-    arguments_t args = {d, aux, (int)m, (int)n, (int)k};
+    arguments_t args = {(int)m, (int)n, (int)k};
     size_t tiles = ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
     size_t pairs = (tiles + 1) / 2; /* a block's two warpgroups take a tile each at a time */
     unsigned blocks = (unsigned)(pairs < (size_t)multiprocessors ? pairs : (size_t)multiprocessors);
-    void (*kernel)(CUtensorMap, CUtensorMap, arguments_t) =
-        epilogue == uform_hopper_plain_k ? product<uform_hopper_plain_k> : product<uform_hopper_gelu_backward_k>;
+    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, arguments_t) =
+        epilogue == uform_hopper_plain_k ? product<uform_hopper_plain_k>
+        : epilogue == uform_hopper_gelu_k ? product<uform_hopper_gelu_k>
+                                          : product<uform_hopper_gelu_backward_k>;
     cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
     if (error != cudaSuccess) return error;
-    kernel<<<blocks, threads, shared_bytes, stream>>>(a_map, b_map, args);
+    kernel<<<blocks, threads, shared_bytes, stream>>>(a_map, b_map, d_map, aux_map, args);
     return cudaGetLastError();
 }
 
