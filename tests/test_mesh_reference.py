@@ -140,7 +140,12 @@ def test_a_bag_bigger_than_a_device_is_refused_by_name():
         with pytest.raises(uform.InvalidArgument, match=r"batch\.contents: 9 items exceed 2 devices"):
             trainer.step(batch(contents=ITEMS + ITEMS[:3], modalities=[uform.Modality.TEXT] * 9, relations=None,
                                temperature_groups=None))
-        assert trainer.step(batch(bags=BAGS)).stats.step == 1  # still usable
+        eight = batch(contents=ITEMS + ITEMS[:2], modalities=[uform.Modality.TEXT] * 8, relations=None,
+                      temperature_groups=None)
+        with pytest.raises(uform.InvalidArgument, match=r"batch\.bags: 8 items do not fit 2 devices"):
+            trainer.step(dict(eight, bags=[0, 1, 0, 2, 3, 4, 2, 5]))  # runs of 3 and 4 items, then one left over
+        assert trainer.step(dict(eight, bags=[0, 1, 0, 2, 3, 4, 5, 6])).stats.items == 8
+        assert trainer.step(batch(bags=BAGS)).stats.step == 2  # still usable
 
 
 def test_bad_items_are_named_by_their_index_in_the_step():
@@ -182,5 +187,7 @@ def test_checkpoints_resume_on_any_number_of_devices(tmp_path, first, second):
         steps = [(trainer.step(b).stats, None) for _ in range(2)]
         trainer.save(path)
     assert safetensors.numpy.load_file(path)
+    with uform.Executor.for_ram(threads=2, devices=second) as executor, uform.Encoder.load(path, executor) as encoder:
+        assert np.asarray(encoder.embed(b["modalities"], b["contents"])).shape == (len(ITEMS), 128)
     resumed = run(second, dict(trainer_config, resume=path), [b] * 2)
     assert_same_run(straight, (steps + resumed[0], resumed[1]))

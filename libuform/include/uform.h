@@ -11,8 +11,8 @@
  *  Four opaque handles, each made by an `_init` (or `_bootstrap`) verb and released by `_free`:
  *
  *  - `uform_executor_t`: where work runs. A RAM executor is the CPU reference backend with its
- *    own thread count; a VRAM executor is a set of GPUs (absent from builds without CUDA: ask
- *    `uform_capabilities()`).
+ *    own thread count, simulating one device or several (the mesh's CPU reference); a VRAM executor
+ *    is a set of GPUs (absent from builds without CUDA: ask `uform_capabilities()`).
  *  - `uform_mesh_t`: the processes of one run and the communicator that joins their devices.
  *  - `uform_trainer_t`: one training run: the weights, the optimizer's moments and the step.
  *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows

@@ -115,6 +115,9 @@ static uform_status_t uform_spread_split(uform_spread_t* s, uform_config_t const
                                          uform_trainer_step_t const* step, char const** error) {
     size_t count = step->count, capacity = config->given.batch.max_segments_per_device;
     uint32_t devices = s->devices;
+    if (count > devices * capacity) /* refused before anything is sized by the count */
+        return UFORM_INVALID("batch.contents: %zu items exceed %u devices of config.batch.max_segments_per_device = "
+                             "%zu", count, devices, capacity);
     /* Each bag opens at its first item and closes at its last; a run may end after item i where none is open. */
     uint64_t* keyed = malloc(count * (sizeof(uint64_t) + sizeof(int64_t) + 1));
     if (!keyed) return uform_fail(error, uform_status_out_of_memory_k, "no memory to split %zu items", count);
@@ -151,8 +154,9 @@ static uform_status_t uform_spread_split(uform_spread_t* s, uform_config_t const
     s->firsts[devices] = start;
     free(keyed);
     if (status == uform_status_success_k && start != count)
-        status = UFORM_INVALID("batch.contents: %zu items exceed %u devices of config.batch.max_segments_per_device = "
-                               "%zu, split in order with each bag's items on one device", count, devices, capacity);
+        status = UFORM_INVALID("batch.bags: %zu items do not fit %u devices of config.batch.max_segments_per_device = "
+                               "%zu once a bag's items, and those between them, share a device", count, devices,
+                               capacity);
     return status;
 }
 
