@@ -288,11 +288,17 @@ class Executor(_Native):
         return executor
 
     @classmethod
-    def for_ram(cls, threads: Optional[int] = None) -> "Executor":
+    def for_ram(cls, threads: Optional[int] = None, devices: Optional[int] = 1) -> "Executor":
         """The CPU reference backend; `threads` a verb uses, the calling one included (0 or absent: every core;
-        at most 1024)."""
+        at most 1024).
+
+        `devices` > 1 simulates that many devices in this process: a trainer spreads each step over them as a mesh
+        would, the gather and all-reduce done in memory, so its losses and weights equal one device's up to the
+        order of float32 sums. Batch capacities are per device. 0 or None makes one; at most 64.
+        """
         count = unsigned(0 if threads is None else threads, 64, "threads")
-        return cls._wrap(_native.ExecutorHandle.for_ram(count), "ram")
+        spread = unsigned(0 if devices is None else devices, 64, "devices")
+        return cls._wrap(_native.ExecutorHandle.for_ram(count, spread), "ram")
 
     @classmethod
     def for_vram(cls, devices: Optional[Sequence[int]] = None) -> "Executor":

@@ -171,13 +171,13 @@ cdef class ExecutorHandle(Handle):
         self.release = uform_executor_free
 
     @staticmethod
-    def for_ram(size_t threads):
+    def for_ram(size_t threads, size_t devices=1):
         cdef ExecutorHandle executor = ExecutorHandle()
         cdef const char* message = NULL
         cdef uform_status_t status
         with nogil:
-            status = uform_executor_init_ram(threads, &executor.handle, &message)
-        check(status, message, "uform_executor_init_ram")
+            status = uform_executor_init_ram_devices(threads, devices, &executor.handle, &message)
+        check(status, message, "uform_executor_init_ram_devices")
         return executor
 
     @staticmethod

@@ -234,6 +234,8 @@ cdef extern from "uform.h" nogil:
     uint32_t uform_capabilities()
 
     uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executor, const char** error)
+    uform_status_t uform_executor_init_ram_devices(size_t threads, size_t devices, uform_executor_t* executor,
+                                                   const char** error)
     uform_status_t uform_executor_init_vram(const uint32_t* devices, size_t count, uform_executor_t* executor,
                                             const char** error)
     uform_status_t uform_executor_free(uform_executor_t executor, const char** error)

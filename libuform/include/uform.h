@@ -11,8 +11,8 @@
  *  Four opaque handles, each made by an `_init` (or `_bootstrap`) verb and released by `_free`:
  *
  *  - `uform_executor_t`: where work runs. A RAM executor is the CPU reference backend with its
- *    own thread count; a VRAM executor is a set of GPUs (absent from builds without CUDA: ask
- *    `uform_capabilities()`).
+ *    own thread count, simulating one device or several (the mesh's CPU reference); a VRAM executor
+ *    is a set of GPUs (absent from builds without CUDA: ask `uform_capabilities()`).
  *  - `uform_mesh_t`: the processes of one run and the communicator that joins their devices.
  *  - `uform_trainer_t`: one training run: the weights, the optimizer's moments and the step.
  *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows
@@ -415,6 +415,29 @@ UFORM_API uint32_t uform_capabilities(void);
  *  @param[out] error The message on failure; may be NULL.
  */
 UFORM_API uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executor, char const** error);
+
+/**
+ *  @brief Makes a CPU executor that simulates `devices` devices in this process: the CPU reference of the mesh.
+ *
+ *  A trainer on it spreads each step over the devices as a mesh would, with the split, the gather of embeddings and
+ *  token vectors, the scatter of their gradients and the all-reduce of the gradients done in memory, so any machine
+ *  can check that a run's losses and weights do not depend on how its items were spread. The capacities of
+ *  `uform_batch_shape_t`, `uform_contrastive_t` and `uform_late_interaction_t` are per device, so a step may carry
+ *  up to `devices` times as much. The items are split in order into contiguous runs, one per device: each device
+ *  in turn takes an equal share of the items still unplaced (rounded up), at most `max_segments_per_device`, and a
+ *  run ends only where no bag has items on both sides, so a bag's items, and any between them, share a device; a
+ *  device left without items idles that step. The masked, patch and choices terms stay means over the whole step,
+ *  and the contrastive and late-interaction terms score every item against every other, so the losses and weights
+ *  equal one device's up to the order of float32 sums. Checkpoints carry no trace of the devices: a run may resume
+ *  on any number of them. Encoders on such an executor run on one device.
+ *
+ *  @param[in] threads As for `uform_executor_init_ram`; the devices run one after another on these threads.
+ *  @param[in] devices Simulated devices; 0 makes one, which is `uform_executor_init_ram`; over 64 is refused.
+ *  @param[out] executor The new handle.
+ *  @param[out] error The message on failure; may be NULL.
+ */
+UFORM_API uform_status_t uform_executor_init_ram_devices(size_t threads, size_t devices, uform_executor_t* executor,
+                                                         char const** error);
 
 /**
  *  @brief Makes a GPU executor over some or every visible device.

@@ -262,16 +262,52 @@ static int uform_side_documents(uint8_t side) {
     return side == uform_late_interaction_document_k || side == uform_late_interaction_query_and_document_k;
 }
 
+/* Checks a step's relations, ids bounded by its items, capacity aside: the edges of every run, then whether one item
+   names another in two relations. `edges` receives how many there are in all. */
+static uform_status_t uform_relations_check(uform_trainer_step_t const* step, size_t* edges, char const** error) {
+    size_t count = step->count;
+    uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
+    char const* names[3] = {"attract", "repel", "ignore"};
+    *edges = 0;
+    for (int r = 0; r != 3; ++r) {
+        uform_status_t status = uform_edges_check(relations[r], count, names[r], r == 2, error);
+        if (status != uform_status_success_k) return status;
+        *edges += relations[r]->ids_count;
+    }
+    return uform_status_success_k;
+}
+
+static uform_status_t uform_relations_overlap(uform_trainer_step_t const* step, char const** error) {
+    uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
+    char const* names[3] = {"attract", "repel", "ignore"};
+    for (size_t i = 0; i != step->count; ++i)
+        for (int a = 0; a != 3; ++a)
+            for (int b = a + 1; b != 3; ++b) {
+                uint32_t shared;
+                if (uform_runs_overlap(relations[a], relations[b], i, &shared))
+                    return UFORM_INVALID("batch.relations: item %zu names item %u in both %s and %s", i, shared,
+                                         names[a], names[b]);
+            }
+    return uform_status_success_k;
+}
+
+uform_status_t uform_batch_check_relations(uform_trainer_step_t const* step, char const** error) {
+    size_t edges;
+    uform_status_t status = uform_relations_check(step, &edges, error);
+    return status == uform_status_success_k ? uform_relations_overlap(step, error) : status;
+}
+
+/* Messages count items from `first`, where the caller's step starts this one. */
 static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_t const* config,
-                                           uform_trainer_step_t const* step, char const** error) {
+                                           uform_trainer_step_t const* step, size_t first, char const** error) {
     uform_trainer_init_vram_t const* c = &config->given;
     size_t count = step->count;
-    uform_status_t status = uform_items_count(config, count, step->modalities, 0, &uform_batch_names, error);
+    uform_status_t status = uform_items_count(config, count, step->modalities, first, &uform_batch_names, error);
     if (status != uform_status_success_k) return status;
-    status = uform_choices_check(packed, config, count, step->modalities, &step->choices, &step->choice_targets, 0,
+    status = uform_choices_check(packed, config, count, step->modalities, &step->choices, &step->choice_targets, first,
                                  "batch.choices", error);
     if (status != uform_status_success_k) return status;
-    status = uform_contents_check(packed->offsets, &step->contents, count, 0, &uform_batch_names, error);
+    status = uform_contents_check(packed->offsets, &step->contents, count, first, &uform_batch_names, error);
     if (status != uform_status_success_k) return status;
     if (step->bags) {
         uint32_t* sorted = malloc(count * sizeof(uint32_t));
@@ -288,39 +324,27 @@ static uform_status_t uform_batch_validate(uform_packed_t* packed, uform_config_
     for (size_t i = 0; i != count; ++i) {
         int side = step->sides ? (int)step->sides[i] : uform_late_interaction_none_k;
         if (side < 0 || side > uform_late_interaction_query_and_document_k)
-            return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", i, side);
+            return UFORM_INVALID("batch.sides[%zu]: %d is not a late-interaction side", first + i, side);
         if (uform_side_queries((uint8_t)side) && step->modalities[i] != uform_modality_text_k)
-            return UFORM_INVALID("batch.sides[%zu]: only text items are queries; this %s item may be a document", i,
+            return UFORM_INVALID("batch.sides[%zu]: only text items are queries; this %s item may be a document",
+                                 first + i,
                                  step->modalities[i] == uform_modality_image_k   ? "image"
                                  : step->modalities[i] == uform_modality_video_k ? "video"
                                                                                  : "audio");
         if (side != uform_late_interaction_none_k && !(c->late_interaction.weight > 0))
-            return UFORM_INVALID("batch.sides[%zu]: %s needs config.late_interaction.weight", i,
+            return UFORM_INVALID("batch.sides[%zu]: %s needs config.late_interaction.weight", first + i,
                                  side == uform_late_interaction_query_k      ? "query"
                                  : side == uform_late_interaction_document_k ? "document"
                                                                              : "query_and_document");
         packed->sides[i] = (uint8_t)side;
     }
-    size_t edges = 0;
-    uform_edges_view_t const* relations[3] = {&step->attract, &step->repel, &step->ignore};
-    char const* names[3] = {"attract", "repel", "ignore"};
-    for (int r = 0; r != 3; ++r) {
-        status = uform_edges_check(relations[r], count, names[r], r == 2, error);
-        if (status != uform_status_success_k) return status;
-        edges += relations[r]->ids_count;
-    }
+    size_t edges;
+    status = uform_relations_check(step, &edges, error);
+    if (status != uform_status_success_k) return status;
     if (edges > c->contrastive.max_edges_per_device)
         return UFORM_INVALID("batch.relations: %zu edges exceed config.contrastive.max_edges_per_device = %u", edges,
                              c->contrastive.max_edges_per_device);
-    for (size_t i = 0; i != count; ++i)
-        for (int a = 0; a != 3; ++a)
-            for (int b = a + 1; b != 3; ++b) {
-                uint32_t shared;
-                if (uform_runs_overlap(relations[a], relations[b], i, &shared))
-                    return UFORM_INVALID("batch.relations: item %zu names item %u in both %s and %s", i, shared,
-                                         names[a], names[b]);
-            }
-    return uform_status_success_k;
+    return uform_relations_overlap(step, error);
 }
 
 /* Marks the positions of one text item that the masked term scores and corrupts what the model sees. */
@@ -353,7 +377,7 @@ static void uform_mask_text(uform_packed_t* packed, uform_config_t const* config
 }
 
 /* The cells were validated from the caller's edges; read again here, every index is bounded anew. */
-static void uform_cells_fill(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step) {
+void uform_batch_cells(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step) {
     size_t count = step->count;
     uform_contrastive_t const* contrastive = &config->given.contrastive;
     int ambient = contrastive->negatives == uform_negatives_ambient_k;
@@ -773,6 +797,14 @@ static uform_status_t uform_late_fill(uform_packed_t* packed, uform_config_t con
         return UFORM_INVALID("batch.sides: %zu document tokens exceed "
                              "config.late_interaction.max_document_tokens_per_device = %u",
                              document_tokens, late->max_document_tokens_per_device);
+    packed->late_rows_count = rows, packed->late_spans_count = spans;
+    uform_batch_late_pairs(packed, config, step);
+    return uform_status_success_k;
+}
+
+void uform_batch_late_pairs(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step) {
+    uform_late_interaction_t const* late = &config->given.late_interaction;
+    size_t count = step->count;
     uform_edges_view_t const* relations[2] = {&step->attract, &step->repel};
     size_t queries = 0, pairs = 0, counted = 0;
     for (size_t i = 0; i != count; ++i) {
@@ -799,9 +831,7 @@ static uform_status_t uform_late_fill(uform_packed_t* packed, uform_config_t con
         counted += (size_t)uform_row_counts(late->pair_loss, sums[0], sums[1]);
     }
     packed->late_offsets[queries] = (uint32_t)pairs;
-    packed->late_rows_count = rows, packed->late_spans_count = spans;
     packed->late_queries_count = queries, packed->late_pairs_count = pairs, packed->late_rows_counted = counted;
-    return uform_status_success_k;
 }
 
 /* The choice positions, each its item's last, follow the masked positions: one decoder pass reads both. */
@@ -817,12 +847,12 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
                                 uint64_t step_number, size_t first_item, char const** error) {
     if (!step) return UFORM_INVALID("batch: NULL");
     uform_hiding_t hiding = {step_number, first_item};
-    uform_status_t status = uform_batch_validate(packed, config, step, error);
+    uform_status_t status = uform_batch_validate(packed, config, step, first_item, error);
     if (status == uform_status_success_k)
         status = uform_pack_rows(packed, config, step->count, step->modalities, &step->contents,
                                  step->temperature_groups,
-                                 config->given.objective != uform_objective_contrastive_k ? &hiding : NULL, decoded, 0,
-                                 &uform_batch_names, error);
+                                 config->given.objective != uform_objective_contrastive_k ? &hiding : NULL, decoded,
+                                 first_item, &uform_batch_names, error);
     if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
@@ -831,7 +861,7 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
     uform_choice_positions(packed);
     if (config->given.late_interaction.weight > 0) status = uform_late_fill(packed, config, step, error);
     if (status != uform_status_success_k) return status;
-    if (config->given.objective != uform_objective_masked_k) uform_cells_fill(packed, config, step);
+    if (config->given.objective != uform_objective_masked_k) uform_batch_cells(packed, config, step);
     uform_order_fill(packed);
     return uform_status_success_k;
 }

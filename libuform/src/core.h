@@ -69,6 +69,7 @@ typedef struct uform_executor_s {
     uform_handle_t handle;
     uform_backend_t const* backend;
     void* device; /* the backend's open device: replicas make their contexts on it */
+    uint32_t devices; /* devices a trainer spreads its steps over: more than one only as the RAM simulation */
 } uform_executor_s;
 
 typedef struct uform_mesh_s {
@@ -206,12 +207,21 @@ void uform_packed_free(uform_packed_t* packed);
  *  Every value the packing trusts is read from the caller's memory once, so memory changed
  *  meanwhile cannot steer it outside a buffer. Writes only `packed`, which is scratch: a refused
  *  batch leaves the run as it was. Draws are keyed on `first_item` + the item's index, its index
- *  within the process's step, so they do not depend on how a step is split over devices. `decoded`,
+ *  within the process's step, so they do not depend on how a step is split over devices; messages
+ *  name items by that index too. `decoded`,
  *  when not NULL, holds the step's media decoded ahead: the items must be the ones it was made from.
  */
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
                                 uform_trainer_step_t const* step, uform_decoded_s const* decoded,
                                 uint64_t step_number, size_t first_item, char const** error);
+/** Checks a step's relations alone (ids, order, weights, one relation per pair), their count against no capacity. */
+uform_status_t uform_batch_check_relations(uform_trainer_step_t const* step, char const** error);
+/** Fills `packed`'s contrastive cells, their weights and `contrastive_rows` over every item of a step whose relations
+ *  were checked. */
+void uform_batch_cells(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step);
+/** Lists each query's documents, as `packed`'s late-interaction lists, from its `sides` and `late_item_span` over
+ *  every item of a step whose relations were checked. */
+void uform_batch_late_pairs(uform_packed_t* packed, uform_config_t const* config, uform_trainer_step_t const* step);
 /** Checks a step's item count, modalities and contents alone, the offsets read once into `offsets` (count + 1). */
 uform_status_t uform_batch_check_items(uform_config_t const* config, uform_trainer_step_t const* step,
                                       uint64_t* offsets, char const** error);
@@ -347,12 +357,83 @@ uform_status_t uform_model_upload(uform_replica_t* replica, uform_packed_t const
  */
 uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout,
                                      uform_config_t const* config, uform_packed_t const* packed);
+/** Queues the copy of the temperatures and biases the step scored with and the gradients' squared norm. */
+uform_status_t uform_model_finish(uform_replica_t* replica, uform_layout_t const* layout);
+
+/**
+ *  One device's share of a step spread over several (`devices.c`), in two halves around the gathered terms. The
+ *  first zeroes the gradients, runs the forward pass, the terms scored where their positions are (the decoder's and
+ *  the patch decoders', weighed by `terms`, which carry the device's share of each mean) and pools; with
+ *  `terms->late_ran` it leaves the token vectors in `late_unit`. The second takes the gathered terms' gradients from
+ *  `d_pooled` (with `terms->contrastive_ran`) and `d_late_unit` (with `terms->late_ran`) and runs the backward pass.
+ */
+uform_status_t uform_model_device_forward(uform_replica_t* replica, uform_layout_t const* layout,
+                                          uform_config_t const* config, uform_packed_t const* packed,
+                                          uform_terms_t const* terms);
+uform_status_t uform_model_device_backward(uform_replica_t* replica, uform_layout_t const* layout,
+                                           uform_packed_t const* packed, uform_terms_t const* terms);
+
+/** The contrastive term over `count` pooled embeddings (items, hidden) and their cells, run on `context`; the
+ *  temperatures and biases are read from, and their gradients added into, `replica`'s. `d_pooled` is written. */
+uform_status_t uform_model_contrastive_term(uform_replica_t* replica, void* context, uform_layout_t const* layout,
+                                            uform_config_t const* config, double* loss, float* d_pooled,
+                                            float* normalized, float const* pooled, uint8_t const* cells,
+                                            float const* cell_weights, uint32_t const* groups, size_t count);
+/** The late-interaction term over `rows` token vectors and the lists of `setup` (its form filled here), run on
+ *  `context`, its temperature and bias `replica`'s, as above. `d_vectors` is written. */
+uform_status_t uform_model_late_term(uform_replica_t* replica, void* context, uform_layout_t const* layout,
+                                     uform_config_t const* config, double* loss, float* d_vectors,
+                                     float const* vectors, size_t rows, uform_late_interaction_setup_t setup);
 
 /** Lands `items` float32 embeddings (items, hidden) from the replica's `source` in the caller's `out` as `scalar`,
  *  normalizing them on the way when `normalize`: a step's scored embeddings and an encoder's alike. */
 uform_status_t uform_embeddings_export(uform_replica_t const* replica, float const* source, size_t items,
                                        size_t hidden, int normalize, void* out, uform_scalar_t scalar,
                                        char const** error);
+
+/* ---------------------------------------------------------------------------------------------- */
+/*  A step spread over the simulated devices of one RAM executor (`devices.c`)                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+/**
+ *  The devices past the first of a trainer, and the step as the gathered terms see it. Device 0's replica and
+ *  packed batch are the trainer's own; every replica holds the same weights and moments.
+ */
+typedef struct uform_spread_t {
+    uform_backend_t const* backend;
+    uint32_t devices;
+    uform_replica_t** replicas; /* (devices) */
+    uform_packed_t** packs;     /* (devices) */
+    size_t* firsts;             /* (devices + 1) each device's first item; a device whose run is empty idles */
+    uform_terms_t* terms;       /* (devices) what each device scores, each mean weighed by the device's share */
+    /* The step over every device, in item order: the counts of every device summed, the groups, cells and sides of
+       every item, and the late-interaction lists over the gathered token vectors. */
+    uform_packed_t whole;
+    void* context;              /* the backend's scratch for every device's items: where the gathered terms run */
+    float *pooled, *d_pooled, *normalized; /* (devices x segments, hidden) every device's items, in item order */
+    float *late_unit, *d_late_unit;        /* (devices x tokens, width) every device's token vectors, in item order */
+    float* sum;                 /* (2 x layout.total) host memory the gradients are summed in */
+    double scalars[uform_scalars_k]; /* the step's losses over every device */
+    void* taken[24];            /* the arrays above and `whole`'s, each taken from the backend, released alike */
+    size_t taken_count;
+    uform_replica_t* owned_replicas; /* (devices - 1) */
+    uform_packed_t* owned_packs;     /* (devices - 1) */
+} uform_spread_t;
+
+/** Makes the devices past the first for a trainer whose `replica` and `packed` serve device 0, on an executor of
+ *  `devices` simulated devices. */
+uform_status_t uform_spread_init(uform_spread_t** spread, uform_executor_s const* executor, uform_config_t const* config,
+                                 uform_layout_t const* layout, uform_replica_t* replica, uform_packed_t* packed,
+                                 char const** error);
+void uform_spread_free(uform_spread_t* spread);
+/** Splits a step over the devices and packs each device's run, as `uform_batch_pack` does for one; then `whole`
+ *  holds the step's counts and gathered lists. Writes only scratch: a refused batch leaves the run as it was. */
+uform_status_t uform_spread_pack(uform_spread_t* spread, uform_config_t const* config, uform_trainer_step_t const* step,
+                                 uform_decoded_s const* decoded, uint64_t step_number, char const** error);
+/** Runs the packed step on every device, the gathered terms over all of them, and the all-reduce: every replica
+ *  then holds the summed gradients, and scalars of the whole step, ready for one update. */
+uform_status_t uform_spread_gradients(uform_spread_t* spread, uform_layout_t const* layout,
+                                      uform_config_t const* config);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Checkpoints                                                                                    */

@@ -71,12 +71,13 @@ uint32_t uform_capabilities(void) {
     return uform_capability_ram_k | (uform_vram_backend() ? uform_capability_vram_k : 0) | uform_media_capabilities();
 }
 
-/* Opens `ordinal` on `backend` and adds the executor to the table of handles. */
-static uform_status_t uform_executor_open(uform_backend_t const* backend, uint32_t ordinal, uform_executor_t* executor,
-                                          char const** error) {
+/* Opens `ordinal` on `backend`, for trainers that spread their steps over `devices`, and adds the executor to the
+   table of handles. */
+static uform_status_t uform_executor_open(uform_backend_t const* backend, uint32_t ordinal, uint32_t devices,
+                                          uform_executor_t* executor, char const** error) {
     uform_executor_s* made = calloc(1, sizeof(uform_executor_s));
     if (!made) return uform_fail(error, uform_status_out_of_memory_k, "no memory for an executor");
-    made->backend = backend;
+    made->backend = backend, made->devices = devices;
     uform_status_t status = backend->device_open(ordinal, &made->device);
     if (status != uform_status_success_k) {
         free(made);
@@ -89,11 +90,18 @@ static uform_status_t uform_executor_open(uform_backend_t const* backend, uint32
 }
 
 uform_status_t uform_executor_init_ram(size_t threads, uform_executor_t* executor, char const** error) {
+    return uform_executor_init_ram_devices(threads, 1, executor, error);
+}
+
+uform_status_t uform_executor_init_ram_devices(size_t threads, size_t devices, uform_executor_t* executor,
+                                               char const** error) {
     if (!executor) return uform_fail(error, uform_status_invalid_argument_k, "executor: NULL output pointer");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (threads == 0) threads = cores > 0 ? (size_t)cores : 1;
     if (threads > 1024) return uform_fail(error, uform_status_invalid_argument_k, "threads: %zu is over 1024", threads);
-    return uform_executor_open(&uform_ram_backend, (uint32_t)threads, executor, error);
+    if (devices == 0) devices = 1;
+    if (devices > 64) return uform_fail(error, uform_status_invalid_argument_k, "devices: %zu is over 64", devices);
+    return uform_executor_open(&uform_ram_backend, (uint32_t)threads, (uint32_t)devices, executor, error);
 }
 
 uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, uform_executor_t* executor,
@@ -108,7 +116,7 @@ uform_status_t uform_executor_init_vram(uint32_t const* devices, size_t count, u
                           "devices: %zu GPUs in one executor need the multi-device mesh, which this build lacks; "
                           "pass one ordinal",
                           count);
-    return uform_executor_open(backend, count ? devices[0] : UINT32_MAX, executor, error);
+    return uform_executor_open(backend, count ? devices[0] : UINT32_MAX, 1, executor, error);
 }
 
 uform_status_t uform_executor_free(uform_executor_t executor, char const** error) {

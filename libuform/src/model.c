@@ -251,7 +251,7 @@ uform_status_t uform_model_upload(uform_replica_t* r, uform_packed_t const* pack
     size_t masked = training ? packed->masked_count : 0;
     UFORM_TRY(b->upload(x, r->masked, packed->masked, (masked + choosing) * words));
     if (!training) return uform_status_success_k;
-    if (r->late_width && packed->late_queries_count) {
+    if (r->late_width && packed->late_rows_count) { /* a device of several scores rows that others' queries name */
         size_t queries = packed->late_queries_count, pairs = packed->late_pairs_count;
         UFORM_TRY(b->upload(x, r->late_rows, packed->late_rows, packed->late_rows_count * words));
         UFORM_TRY(b->upload(x, r->late_spans, packed->late_spans, packed->late_spans_count * sizeof(uform_span_t)));
@@ -342,36 +342,57 @@ static uform_status_t uform_model_head_backward(uform_replica_t* r, uform_layout
     return b->scatter_rows(x, r->d_final, r->d_hidden, rows, count, h);
 }
 
-/* The token head's vectors at the scored rows, the MaxSim term over them, and the way back into d_final. */
-static uform_status_t uform_model_late_interaction(uform_replica_t* r, uform_layout_t const* layout,
-                                                  uform_config_t const* config, uform_packed_t const* packed) {
+/* The token head's vectors at the scored rows: `late_unit` holds them, `masked_states` the rows' states. */
+static uform_status_t uform_model_late_forward(uform_replica_t* r, uform_layout_t const* layout,
+                                               uform_packed_t const* packed) {
     uform_backend_t const* b = r->backend;
     void* x = r->context;
-    size_t late_t = layout->late_log_inverse_temperature, late_b = layout->late_bias;
-    uform_tensor_t const* t = layout->tensors;
-    uform_late_interaction_t const* late = &config->given.late_interaction;
-    size_t rows = packed->late_rows_count, width = late->width, h = layout->hidden;
+    size_t rows = packed->late_rows_count, width = r->late_width, h = layout->hidden;
     void const* head = uform_compute(r, layout, layout->token_head);
     /* The decoder's rows are done with their buffers: the stream (or the CPU's order) keeps them apart. */
     UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->late_rows, rows, h));
     UFORM_TRY(b->matmul(x, r->late_vectors, NULL, r->masked_states, head, rows, width, h, 0, 1, b->activations));
-    UFORM_TRY(b->normalize_rows(x, r->late_unit, r->late_vectors, rows, width));
-    uform_late_interaction_setup_t setup = {.spans = r->late_spans,
-                                            .queries = r->late_queries,
-                                            .offsets = r->late_offsets,
-                                            .documents = r->late_documents,
-                                            .cells = r->late_cells,
-                                            .weights = r->late_weights,
-                                            .count = packed->late_queries_count,
-                                            .pairs = packed->late_pairs_count,
-                                            .form = late->pair_loss};
-    UFORM_TRY(b->late_interaction(x, r->scalars + uform_scalar_late_interaction_loss_k, r->d_late_unit,
-                                  r->gradients + t[late_t].offset, r->gradients + t[late_b].offset, r->late_unit, rows,
-                                  width, r->weights + t[late_t].offset, r->weights + t[late_b].offset, &setup,
-                                  late->weight));
-    UFORM_TRY(b->normalize_rows_backward(x, r->d_late_vectors, r->d_late_unit, r->late_unit, r->late_vectors, rows,
-                                         width));
+    return b->normalize_rows(x, r->late_unit, r->late_vectors, rows, width);
+}
+
+/* From the token vectors' gradient in `d_late_unit` back into d_final, through the head at the rows' states. */
+static uform_status_t uform_model_late_backward(uform_replica_t* r, uform_layout_t const* layout,
+                                                uform_packed_t const* packed) {
+    size_t rows = packed->late_rows_count, width = r->late_width;
+    UFORM_TRY(r->backend->normalize_rows_backward(r->context, r->d_late_vectors, r->d_late_unit, r->late_unit,
+                                                  r->late_vectors, rows, width));
     return uform_model_head_backward(r, layout, layout->token_head, r->d_late_vectors, r->late_rows, rows, width);
+}
+
+uform_status_t uform_model_late_term(uform_replica_t* r, void* context, uform_layout_t const* layout,
+                                     uform_config_t const* config, double* loss, float* d_vectors,
+                                     float const* vectors, size_t rows, uform_late_interaction_setup_t setup) {
+    size_t late_t = layout->late_log_inverse_temperature, late_b = layout->late_bias;
+    uform_tensor_t const* t = layout->tensors;
+    uform_late_interaction_t const* late = &config->given.late_interaction;
+    setup.form = late->pair_loss;
+    return r->backend->late_interaction(context, loss, d_vectors, r->gradients + t[late_t].offset,
+                                        r->gradients + t[late_b].offset, vectors, rows, late->width,
+                                        r->weights + t[late_t].offset, r->weights + t[late_b].offset, &setup,
+                                        late->weight);
+}
+
+uform_status_t uform_model_contrastive_term(uform_replica_t* r, void* context, uform_layout_t const* layout,
+                                            uform_config_t const* config, double* loss, float* d_pooled,
+                                            float* normalized, float const* pooled, uint8_t const* cells,
+                                            float const* cell_weights, uint32_t const* groups, size_t count) {
+    uform_backend_t const* b = r->backend;
+    uform_tensor_t const* t = layout->tensors;
+    uform_trainer_init_vram_t const* c = &config->given;
+    uform_contrastive_setup_t setup = {.form = c->contrastive.pair_loss,
+                                       .dimensions_count = c->contrastive.matryoshka_dimensions_count};
+    memcpy(setup.dimensions, config->matryoshka, sizeof(setup.dimensions));
+    size_t h = layout->hidden;
+    UFORM_TRY(b->zero(context, d_pooled, count * h * sizeof(float)));
+    return b->contrastive(context, loss, d_pooled, r->gradients + t[layout->log_inverse_temperature].offset,
+                          r->gradients + t[layout->bias].offset, normalized, pooled,
+                          r->weights + t[layout->log_inverse_temperature].offset, r->weights + t[layout->bias].offset,
+                          cells, cell_weights, groups, count, h, &setup, 1);
 }
 
 /* A kind's decoder at its hidden tokens, regressing their normalized values, and the way back into d_final. */
@@ -392,53 +413,63 @@ static uform_status_t uform_model_media(uform_replica_t* r, uform_layout_t const
     return uform_model_head_backward(r, layout, decoder, r->d_media_predictions, rows, hidden, width);
 }
 
+/* The byte decoder at the masked positions, then at the choice positions: one pass, each term scoring its rows. */
+static uform_status_t uform_model_decoder(uform_replica_t* r, uform_layout_t const* layout,
+                                          uform_config_t const* config, uform_packed_t const* packed,
+                                          uform_terms_t const* terms) {
+    uform_backend_t const* b = r->backend;
+    void* x = r->context;
+    uform_element_t act = b->activations;
+    size_t h = layout->hidden;
+    size_t masked = config->given.objective != uform_objective_contrastive_k ? packed->masked_count : 0;
+    size_t choosing = terms->choices_ran ? packed->choices_count : 0, decoded = masked + choosing;
+    if (!decoded) return uform_status_success_k;
+    void const* decoder = uform_compute(r, layout, layout->decoder);
+    UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->masked, decoded, h));
+    UFORM_TRY(b->matmul(x, r->logits, NULL, r->masked_states, decoder, decoded, uform_bytes_k, h, 0, 1, act));
+    if (masked)
+        UFORM_TRY(b->cross_entropy(x, r->scalars + uform_scalar_masked_loss_k, r->d_logits, r->logits, r->targets,
+                                   masked, uform_bytes_k, terms->text_weight));
+    if (choosing) {
+        size_t skip = masked * uform_bytes_k * uform_element_bytes(act);
+        UFORM_TRY(b->choices(x, r->scalars + uform_scalar_choices_loss_k, (char*)r->d_logits + skip, NULL,
+                             (char const*)r->logits + skip, r->choice_offsets, r->choice_bytes, r->choice_targets,
+                             choosing, terms->choices_weight));
+    }
+    return uform_model_head_backward(r, layout, layout->decoder, r->d_logits, r->masked, decoded, uform_bytes_k);
+}
+
 /* The heads read the final-norm states and leave their gradient in d_final; their losses land in the scalars. */
 static uform_status_t uform_model_losses(uform_replica_t* r, uform_layout_t const* layout,
                                          uform_config_t const* config, uform_packed_t const* packed) {
     uform_backend_t const* b = r->backend;
     void* x = r->context;
-    float const* w = r->weights;
-    float* g = r->gradients;
-    uform_tensor_t const* t = layout->tensors;
-    uform_trainer_init_vram_t const* c = &config->given;
-    uform_element_t act = b->activations;
     uform_items_t items = uform_model_items(r, packed);
-    size_t tokens = packed->tokens_count, h = layout->hidden;
-    size_t masked = c->objective != uform_objective_contrastive_k ? packed->masked_count : 0;
-    UFORM_TRY(b->zero(x, r->d_final, tokens * h * uform_element_bytes(act)));
-
-    /* One decoder pass reads the masked positions, then the choice positions; each term scores its rows. */
+    size_t h = layout->hidden;
+    UFORM_TRY(b->zero(x, r->d_final, packed->tokens_count * h * uform_element_bytes(b->activations)));
     uform_terms_t terms = uform_model_terms(config, packed);
-    size_t choosing = terms.choices_ran ? packed->choices_count : 0, decoded = masked + choosing;
-    if (decoded) {
-        void const* decoder = uform_compute(r, layout, layout->decoder);
-        UFORM_TRY(b->gather_rows(x, r->masked_states, r->final, r->masked, decoded, h));
-        UFORM_TRY(b->matmul(x, r->logits, NULL, r->masked_states, decoder, decoded, uform_bytes_k, h, 0, 1, act));
-        if (masked)
-            UFORM_TRY(b->cross_entropy(x, r->scalars + uform_scalar_masked_loss_k, r->d_logits, r->logits, r->targets,
-                                       masked, uform_bytes_k, c->masking.text_weight));
-        if (choosing) {
-            size_t skip = masked * uform_bytes_k * uform_element_bytes(act);
-            UFORM_TRY(b->choices(x, r->scalars + uform_scalar_choices_loss_k, (char*)r->d_logits + skip, NULL,
-                                 (char const*)r->logits + skip, r->choice_offsets, r->choice_bytes, r->choice_targets,
-                                 choosing, terms.choices_weight));
-        }
-        UFORM_TRY(uform_model_head_backward(r, layout, layout->decoder, r->d_logits, r->masked, decoded, uform_bytes_k));
+    UFORM_TRY(uform_model_decoder(r, layout, config, packed, &terms));
+    if (terms.late_ran) {
+        uform_late_interaction_setup_t setup = {.spans = r->late_spans,
+                                                .queries = r->late_queries,
+                                                .offsets = r->late_offsets,
+                                                .documents = r->late_documents,
+                                                .cells = r->late_cells,
+                                                .weights = r->late_weights,
+                                                .count = packed->late_queries_count,
+                                                .pairs = packed->late_pairs_count};
+        UFORM_TRY(uform_model_late_forward(r, layout, packed));
+        UFORM_TRY(uform_model_late_term(r, x, layout, config, r->scalars + uform_scalar_late_interaction_loss_k,
+                                        r->d_late_unit, r->late_unit, packed->late_rows_count, setup));
+        UFORM_TRY(uform_model_late_backward(r, layout, packed));
     }
-    if (terms.late_ran) UFORM_TRY(uform_model_late_interaction(r, layout, config, packed));
     for (int kind = 0; kind != uform_media_kinds_k; ++kind)
         if (terms.media_ran[kind]) UFORM_TRY(uform_model_media(r, layout, &terms, packed, kind));
     UFORM_TRY(b->pool_forward(x, r->pooled, r->final, &items, h));
-    if (c->objective != uform_objective_masked_k && packed->contrastive_rows) {
-        uform_contrastive_setup_t setup = {.form = c->contrastive.pair_loss,
-                                           .dimensions_count = c->contrastive.matryoshka_dimensions_count};
-        memcpy(setup.dimensions, config->matryoshka, sizeof(setup.dimensions));
-        size_t count = packed->segments_count;
-        UFORM_TRY(b->zero(x, r->d_pooled, count * h * sizeof(float)));
-        UFORM_TRY(b->contrastive(x, r->scalars + uform_scalar_contrastive_loss_k, r->d_pooled,
-                                 g + t[layout->log_inverse_temperature].offset, g + t[layout->bias].offset,
-                                 r->normalized, r->pooled, w + t[layout->log_inverse_temperature].offset,
-                                 w + t[layout->bias].offset, r->cells, r->cell_weights, r->groups, count, h, &setup, 1));
+    if (config->given.objective != uform_objective_masked_k && packed->contrastive_rows) {
+        UFORM_TRY(uform_model_contrastive_term(r, x, layout, config, r->scalars + uform_scalar_contrastive_loss_k,
+                                               r->d_pooled, r->normalized, r->pooled, r->cells, r->cell_weights,
+                                               r->groups, packed->segments_count));
         UFORM_TRY(b->pool_backward(x, r->d_final, r->d_pooled, &items, h));
     }
     return uform_status_success_k;
@@ -531,6 +562,18 @@ uform_status_t uform_model_choose(uform_replica_t* r, uform_layout_t const* layo
     return b->choices(x, NULL, NULL, r->probabilities, r->logits, r->choice_offsets, r->choice_bytes, NULL, choosing, 1);
 }
 
+uform_status_t uform_model_finish(uform_replica_t* replica, uform_layout_t const* layout) {
+    uform_backend_t const* b = replica->backend;
+    void* x = replica->context;
+    /* What the stats report as scored with: the values before this step's update. */
+    size_t groups = layout->temperature_groups;
+    UFORM_TRY(b->copy(x, replica->scored, replica->weights + layout->tensors[layout->log_inverse_temperature].offset,
+                      groups * sizeof(float)));
+    UFORM_TRY(b->copy(x, replica->scored + groups, replica->weights + layout->tensors[layout->bias].offset,
+                      groups * sizeof(float)));
+    return b->sum_squares(x, replica->scalars + uform_scalar_norm_squared_k, replica->gradients, layout->total);
+}
+
 uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t const* layout,
                                      uform_config_t const* config, uform_packed_t const* packed) {
     uform_backend_t const* b = replica->backend;
@@ -540,11 +583,32 @@ uform_status_t uform_model_gradients(uform_replica_t* replica, uform_layout_t co
     UFORM_TRY(uform_model_forward(replica, layout, packed));
     UFORM_TRY(uform_model_losses(replica, layout, config, packed));
     UFORM_TRY(uform_model_backward(replica, layout, packed));
-    /* What the stats report as scored with: the values before this step's update. */
-    size_t groups = layout->temperature_groups;
-    UFORM_TRY(b->copy(x, replica->scored, replica->weights + layout->tensors[layout->log_inverse_temperature].offset,
-                      groups * sizeof(float)));
-    UFORM_TRY(b->copy(x, replica->scored + groups, replica->weights + layout->tensors[layout->bias].offset,
-                      groups * sizeof(float)));
-    return b->sum_squares(x, replica->scalars + uform_scalar_norm_squared_k, replica->gradients, layout->total);
+    return uform_model_finish(replica, layout);
+}
+
+uform_status_t uform_model_device_forward(uform_replica_t* r, uform_layout_t const* layout,
+                                          uform_config_t const* config, uform_packed_t const* packed,
+                                          uform_terms_t const* terms) {
+    uform_backend_t const* b = r->backend;
+    void* x = r->context;
+    uform_items_t items = uform_model_items(r, packed);
+    size_t h = layout->hidden;
+    UFORM_TRY(b->zero(x, r->gradients, layout->total * sizeof(float)));
+    UFORM_TRY(uform_model_forward(r, layout, packed));
+    UFORM_TRY(b->zero(x, r->d_final, packed->tokens_count * h * uform_element_bytes(b->activations)));
+    UFORM_TRY(uform_model_decoder(r, layout, config, packed, terms));
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind)
+        if (terms->media_ran[kind]) UFORM_TRY(uform_model_media(r, layout, terms, packed, kind));
+    UFORM_TRY(b->pool_forward(x, r->pooled, r->final, &items, h));
+    /* Last, as the token head's backward pass rereads the rows' states that the other heads' share. */
+    return terms->late_ran ? uform_model_late_forward(r, layout, packed) : uform_status_success_k;
+}
+
+uform_status_t uform_model_device_backward(uform_replica_t* r, uform_layout_t const* layout,
+                                           uform_packed_t const* packed, uform_terms_t const* terms) {
+    uform_items_t items = uform_model_items(r, packed);
+    if (terms->late_ran) UFORM_TRY(uform_model_late_backward(r, layout, packed));
+    if (terms->contrastive_ran)
+        UFORM_TRY(r->backend->pool_backward(r->context, r->d_final, r->d_pooled, &items, layout->hidden));
+    return uform_model_backward(r, layout, packed);
 }

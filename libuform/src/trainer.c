@@ -4,7 +4,8 @@
  *
  *  A step is four passes over device-sized buffers: pack (host), forward, losses, backward
  *  (`model.c`, on the backend), then the update: one global gradient norm, a skip when anything
- *  is not finite, clipping, AdamW per tensor. Steps on one trainer are serialized by its lock.
+ *  is not finite, clipping, AdamW per tensor. Steps on one trainer are serialized by its lock. On a RAM
+ *  executor of several simulated devices, `devices.c` spreads the passes over them and sums their gradients first.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -22,12 +23,23 @@ typedef struct uform_trainer_s {
     uform_layout_t layout;
     uform_packed_t packed;
     uform_replica_t replica;
+    uform_spread_t* spread; /* the other simulated devices of a RAM executor of several; NULL on one device */
     uform_trainer_t self; /* the handle callers know it by: what decoded media name as their trainer */
     uint64_t step; /* updates applied so far */
     char config_json[4096];
 } uform_trainer_s;
 
+/* Device `d`'s replica: the trainer's own is device 0's. */
+static uform_replica_t* uform_trainer_replica(uform_trainer_s* trainer, uint32_t d) {
+    return trainer->spread ? trainer->spread->replicas[d] : &trainer->replica;
+}
+
+static uint32_t uform_trainer_devices(uform_trainer_s const* trainer) {
+    return trainer->spread ? trainer->spread->devices : 1;
+}
+
 static void uform_trainer_release(uform_trainer_s* trainer) {
+    uform_spread_free(trainer->spread);
     uform_model_close(&trainer->layout, &trainer->replica, &trainer->packed);
     pthread_mutex_destroy(&trainer->serial.lock);
     free(trainer);
@@ -58,11 +70,15 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
                                              : tensor->init_value;
         }
     }
-    void* context = replica->context;
-    if (status == uform_status_success_k) status = uform_replica_upload_weights(replica, layout, weights);
-    if (status == uform_status_success_k) status = backend->upload(context, replica->first, first, bytes);
-    if (status == uform_status_success_k) status = backend->upload(context, replica->second, second, bytes);
-    if (status == uform_status_success_k) status = backend->synchronize(context); /* before `host` goes */
+    /* Every device starts from the same weights and moments, and the same summed updates keep them equal. */
+    for (uint32_t d = 0; d != uform_trainer_devices(trainer) && status == uform_status_success_k; ++d) {
+        replica = uform_trainer_replica(trainer, d);
+        void* context = replica->context;
+        status = uform_replica_upload_weights(replica, layout, weights);
+        if (status == uform_status_success_k) status = backend->upload(context, replica->first, first, bytes);
+        if (status == uform_status_success_k) status = backend->upload(context, replica->second, second, bytes);
+        if (status == uform_status_success_k) status = backend->synchronize(context); /* before `host` goes */
+    }
     if (status != uform_status_success_k && error && !*error) *error = uform_message();
     free(host);
     return status;
@@ -80,6 +96,9 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     made->executor = executor, made->mesh = mesh;
     uform_status_t status = uform_model_open(executor, config, 1, &made->config, &made->layout, &made->replica,
                                              &made->packed, error);
+    if (status == uform_status_success_k && executor->devices > 1)
+        status = uform_spread_init(&made->spread, executor, &made->config, &made->layout, &made->replica,
+                                   &made->packed, error);
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
     if (status == uform_status_success_k) {
         uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
@@ -132,7 +151,7 @@ static void uform_trainer_leave(uform_trainer_s* trainer) { uform_handles_leave(
 
 /* Reads the step's scalars and scored temperatures once, after the backend has synchronized. */
 static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_terms_t terms,
-                                       double* scalars) {
+                                       double* scalars, uform_packed_t const* counted) {
     uform_layout_t const* layout = &trainer->layout;
     uform_replica_t const* replica = &trainer->replica;
     uform_backend_t const* backend = replica->backend;
@@ -151,16 +170,16 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     float* media_losses[uform_media_kinds_k] = {&stats->image_loss, &stats->video_loss, &stats->audio_loss};
     for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
         *media_losses[kind] = terms.media_ran[kind] ? (float)scalars[uform_scalar_media_loss_k + kind] : NAN;
-        stats->masked_patches += terms.media_ran[kind] ? trainer->packed.media_hidden[kind] : 0;
+        stats->masked_patches += terms.media_ran[kind] ? counted->media_hidden[kind] : 0;
     }
     stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
-    stats->items = trainer->packed.segments_count;
-    stats->tokens = trainer->packed.tokens_count;
-    stats->truncated_items = trainer->packed.truncated;
-    stats->masked_positions = terms.masked_ran ? trainer->packed.masked_count : 0;
-    stats->contrastive_rows = terms.contrastive_ran ? trainer->packed.contrastive_rows : 0;
-    stats->choice_items = terms.choices_ran ? trainer->packed.choices_count : 0;
-    stats->query_rows = terms.late_ran ? trainer->packed.late_rows_counted : 0;
+    stats->items = counted->segments_count;
+    stats->tokens = counted->tokens_count;
+    stats->truncated_items = counted->truncated;
+    stats->masked_positions = terms.masked_ran ? counted->masked_count : 0;
+    stats->contrastive_rows = terms.contrastive_ran ? counted->contrastive_rows : 0;
+    stats->choice_items = terms.choices_ran ? counted->choices_count : 0;
+    stats->query_rows = terms.late_ran ? counted->late_rows_counted : 0;
     stats->temperature_groups = groups;
     for (uint32_t g = 0; g != groups; ++g)
         stats->inverse_temperatures[g] = expf(scored[g]), stats->biases[g] = scored[groups + g];
@@ -253,7 +272,10 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
                                           : uform_status_success_k;
     if (status == uform_status_success_k && decoded && ((uform_decoded_s*)decoded)->owner != trainer->self)
         status = uform_fail(error, uform_status_invalid_argument_k, "step.decoded: decoded by another trainer");
-    if (status == uform_status_success_k)
+    uform_spread_t* spread = trainer->spread;
+    if (status == uform_status_success_k && spread)
+        status = uform_spread_pack(spread, &trainer->config, step, decoded, next, error);
+    else if (status == uform_status_success_k)
         status = uform_batch_pack(&trainer->packed, &trainer->config, step, decoded, next, 0, error);
     uform_handles_release(decoded);
     if (status != uform_status_success_k) return status;
@@ -262,13 +284,22 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     uform_layout_t const* layout = &trainer->layout;
     uform_backend_t const* backend = replica->backend;
     uform_config_t const* config = &trainer->config;
-    uform_terms_t terms = uform_model_terms(config, &trainer->packed);
+    uform_packed_t const* counted = spread ? &spread->whole : &trainer->packed;
+    uform_terms_t terms = uform_model_terms(config, counted);
     float rate = uform_schedule_rate(&config->given.schedule, next);
-    status = uform_model_upload(replica, &trainer->packed, 1);
-    *prepared = uform_seconds();
-    if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
-    /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. */
-    if (status == uform_status_success_k && update && uform_terms_ran(terms)) {
+    if (spread) {
+        *prepared = uform_seconds();
+        status = uform_spread_gradients(spread, layout, config);
+    } else {
+        status = uform_model_upload(replica, &trainer->packed, 1);
+        *prepared = uform_seconds();
+        if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
+    }
+    /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. Every device
+       holds the same summed gradients and updates alike. */
+    uint32_t devices = uform_trainer_devices(trainer);
+    for (uint32_t d = 0; d != devices && status == uform_status_success_k && update && uform_terms_ran(terms); ++d) {
+        replica = uform_trainer_replica(trainer, d);
         uform_update_t adamw = {.weights = replica->weights,
                                 .compute = backend->convert ? replica->compute : NULL,
                                 .gradients = replica->gradients,
@@ -285,16 +316,21 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
                                 .step = next};
         status = backend->adamw(replica->context, &adamw);
     }
-    if (status == uform_status_success_k) status = backend->synchronize(replica->context);
+    for (uint32_t d = 0; d != devices && status == uform_status_success_k; ++d)
+        status = backend->synchronize(uform_trainer_replica(trainer, d)->context);
+    replica = &trainer->replica;
     double scalars[uform_scalars_k];
     if (status == uform_status_success_k)
-        status = uform_stats_fill(trainer, &step->stats, terms, scalars);
+        status = uform_stats_fill(trainer, &step->stats, terms, scalars, counted);
     if (status != uform_status_success_k) return uform_trainer_failed(status, error);
     if (step->embeddings) {
+        /* Spread over devices, the gathered embeddings are in item order: the caller's. */
         int contrastive = terms.contrastive_ran;
-        status = uform_embeddings_export(replica, contrastive ? replica->normalized : replica->pooled,
-                                         trainer->packed.segments_count, layout->hidden, !contrastive,
-                                         step->embeddings, step->embeddings_scalar, error);
+        float const* normalized = spread ? spread->normalized : replica->normalized;
+        float const* pooled = spread ? spread->pooled : replica->pooled;
+        status = uform_embeddings_export(replica, contrastive ? normalized : pooled, counted->segments_count,
+                                         layout->hidden, !contrastive, step->embeddings, step->embeddings_scalar,
+                                         error);
         if (status != uform_status_success_k) return status;
     }
     step->stats.learning_rate = rate;
@@ -348,14 +384,15 @@ uform_status_t uform_trainer_decode(uform_trainer_t handle, uform_trainer_step_t
     free(offsets);
     /* The step packs text beside these tokens too; media alone past the batch's room need not wait for it. */
     uform_batch_shape_t const* shape = &trainer->config.given.batch;
-    size_t tokens = 0, room = (size_t)shape->max_rows_per_device * shape->max_columns_per_row;
+    size_t devices = uform_trainer_devices(trainer);
+    size_t tokens = 0, room = devices * shape->max_rows_per_device * shape->max_columns_per_row;
     for (size_t i = 0; made && i != made->count; ++i)
         tokens += uform_grid_tokens(&made->grids[i]);
     if (status == uform_status_success_k && tokens > room) {
         status = uform_fail(error, uform_status_invalid_argument_k,
                             "batch.contents: the media alone take %zu tokens, more than config.batch.max_rows_per_device "
-                            "= %u rows of %u columns hold", tokens, shape->max_rows_per_device,
-                            shape->max_columns_per_row);
+                            "= %u rows of %u columns hold%s", tokens, shape->max_rows_per_device,
+                            shape->max_columns_per_row, devices > 1 ? " on each device" : "");
         uform_decoded_release(made), made = NULL;
     }
     if (status == uform_status_success_k && made) {
