@@ -217,8 +217,9 @@ def test_decoding_refuses_bad_media_by_item_and_another_trainers_batch(cpu):
         with pytest.raises(uform.InvalidArgument, match="another trainer"):
             other.step(trainer.decode(good))
         many = dict(modalities=[uform.Modality.IMAGE] * 49, contents=[good["contents"][1]] * 49)  # 49 x 16 > 12 x 64
-        with pytest.raises(uform.InvalidArgument, match="the media alone take 784 tokens, more than "
-                                                        "config.batch.max_rows_per_device = 12 rows of 64 columns"):
+        with pytest.raises(uform.InvalidArgument, match=r"the media alone take 784 tokens, more than 1 device of "
+                                                        r"config\.batch\.max_rows_per_device = 12 rows of 64 columns "
+                                                        r"hold \(768\)"):
             trainer.decode(many)
         assert np.array_equal(other._weights(), before)
 

@@ -148,6 +148,18 @@ def test_a_bag_bigger_than_a_device_is_refused_by_name():
         assert trainer.step(batch(bags=BAGS)).stats.step == 2  # still usable
 
 
+def test_a_device_over_its_rows_is_named_with_the_items_the_split_gave_it():
+    """Four rows fit two devices of two, but an equal count of items puts three long ones on the first."""
+    tight = config("contrastive", batch=dict(max_rows_per_device=2, max_segments_per_device=4))
+    long, short = b"x" * 40, b"ab"  # a long item fills a row of 32 columns; the short ones share one
+    items = dict(modalities=[uform.Modality.TEXT] * 6, contents=[long] * 3 + [short] * 3)
+    with uform.Executor.for_ram(threads=2, devices=2) as executor, uform.Trainer.init_ram(executor, tight) as trainer:
+        with pytest.raises(uform.InvalidArgument, match=r"item 2 does not fit.*max_rows_per_device = 2 .*"
+                                                        r"on device 0 of 2, given items 0 to 2 by the split"):
+            trainer.step(items)
+        assert trainer.step(dict(items, contents=[short] * 6)).stats.step == 1  # still usable
+
+
 def test_bad_items_are_named_by_their_index_in_the_step():
     with uform.Executor.for_ram(threads=2, devices=3) as executor, \
             uform.Trainer.init_ram(executor, config("contrastive", contrastive=dict(max_edges_per_device=6))) as trainer:

@@ -260,7 +260,13 @@ uform_status_t uform_spread_pack(uform_spread_t* s, uform_config_t const* config
             run = *decoded;
             run.count = items, run.offsets += first, run.modalities += first, run.grids += first, run.values += first;
         }
-        UFORM_TRY(uform_batch_pack(s->packs[d], config, &slice, decoded ? &run : NULL, step_number, first, error));
+        uform_status_t status = uform_batch_pack(s->packs[d], config, &slice, decoded ? &run : NULL, step_number,
+                                                 first, error);
+        /* A device's capacity is what the message quotes; where the items went is what the split decided. */
+        if (status != uform_status_success_k)
+            return uform_fail(error, status, "%s (on device %u of %u, given items %zu to %zu by the split, which "
+                              "shares the items out by count and keeps bags whole)",
+                              error && *error ? *error : uform_message(), d, s->devices, first, first + items - 1);
     }
     uform_spread_whole(s, config, step);
     return uform_status_success_k;

@@ -390,9 +390,9 @@ uform_status_t uform_trainer_decode(uform_trainer_t handle, uform_trainer_step_t
         tokens += uform_grid_tokens(&made->grids[i]);
     if (status == uform_status_success_k && tokens > room) {
         status = uform_fail(error, uform_status_invalid_argument_k,
-                            "batch.contents: the media alone take %zu tokens, more than config.batch.max_rows_per_device "
-                            "= %u rows of %u columns hold%s", tokens, shape->max_rows_per_device,
-                            shape->max_columns_per_row, devices > 1 ? " on each device" : "");
+                            "batch.contents: the media alone take %zu tokens, more than %zu device%s of "
+                            "config.batch.max_rows_per_device = %u rows of %u columns hold (%zu)", tokens, devices,
+                            devices > 1 ? "s" : "", shape->max_rows_per_device, shape->max_columns_per_row, room);
         uform_decoded_release(made), made = NULL;
     }
     if (status == uform_status_success_k && made) {
