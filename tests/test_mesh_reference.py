@@ -160,6 +160,15 @@ def test_a_device_over_its_rows_is_named_with_the_items_the_split_gave_it():
         assert trainer.step(dict(items, contents=[short] * 6)).stats.step == 1  # still usable
 
 
+def test_memory_counts_every_device():
+    taken = {}
+    for devices in (1, 3):
+        with uform.Executor.for_ram(threads=1, devices=devices) as executor, \
+                uform.Trainer.init_ram(executor, config("contrastive")) as trainer:
+            taken[devices] = trainer._handle().memory()
+    assert taken[1] > 0 and taken[3] == 3 * taken[1]
+
+
 def test_bad_items_are_named_by_their_index_in_the_step():
     with uform.Executor.for_ram(threads=2, devices=3) as executor, \
             uform.Trainer.init_ram(executor, config("contrastive", contrastive=dict(max_edges_per_device=6))) as trainer:

@@ -189,7 +189,8 @@ UFORM_API uform_status_t uform_trainer_probe(uform_trainer_t trainer, uform_trai
                                    char const** error);
 /** Copies the flat weights out (`*total` floats, in layout order); with `weights == NULL` tells `*total`. */
 UFORM_API uform_status_t uform_trainer_weights(uform_trainer_t trainer, float* weights, size_t* total, char const** error);
-/** Bytes of backend memory a trainer's or an encoder's buffers take, the backend's own scratch aside. */
+/** Bytes of backend memory a trainer's (every simulated device's) or an encoder's buffers take, the backend's own
+ *  scratch aside. */
 UFORM_API uform_status_t uform_trainer_memory(uform_trainer_t trainer, size_t* bytes, char const** error);
 UFORM_API uform_status_t uform_encoder_memory(uform_encoder_t encoder, size_t* bytes, char const** error);
 

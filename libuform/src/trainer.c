@@ -493,7 +493,10 @@ uform_status_t uform_trainer_memory(uform_trainer_t handle, size_t* bytes, char 
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    if (bytes) *bytes = uform_replica_bytes(&trainer->replica);
+    size_t sum = 0; /* every simulated device's replica: each holds its own weights and moments */
+    for (uint32_t d = 0; d != uform_trainer_devices(trainer); ++d)
+        sum += uform_replica_bytes(uform_trainer_replica(trainer, d));
+    if (bytes) *bytes = sum;
     uform_trainer_leave(trainer);
     return status;
 }
