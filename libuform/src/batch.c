@@ -9,7 +9,6 @@
 
 #include "core.h"
 
-#define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
 
 /* How messages name the items a verb's caller passed: a trainer's step as `batch.contents[3]`, an encoder's verbs
    as the `contents[3]` (or `texts[3]`) given to them. `decoded` names media a caller decoded ahead; NULL where the

@@ -9,8 +9,6 @@
 #include "config_fields.h"
 #include "core.h"
 
-#define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
-
 #define UFORM_FIELD(member, kind, derived, most, checkpoint)                                                          \
     {#member, offsetof(uform_trainer_init_vram_t, member), uform_field_##kind##_k, derived, most, checkpoint},
 uform_field_t const uform_fields[uform_fields_count_k] = {UFORM_CONFIG_FIELDS(UFORM_FIELD)};
@@ -68,12 +66,6 @@ static uform_status_t uform_fields_derive(void* base, size_t begin, size_t end, 
     }
     return uform_status_success_k;
 }
-
-#define UFORM_TRY(expression)                                                                                         \
-    do {                                                                                                              \
-        uform_status_t status_ = (expression);                                                                        \
-        if (status_ != uform_status_success_k) return status_;                                                        \
-    } while (0)
 
 /* What the batch shape's fields ask of each other, once its rows have derived and checked each alone. */
 static uform_status_t uform_batch_shape_check(uform_batch_shape_t* batch, char const* path, char const** error) {

@@ -27,13 +27,6 @@
 
 #include "core.h"
 
-#define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
-#define UFORM_TRY(expression)                                                                                         \
-    do {                                                                                                              \
-        uform_status_t status_ = (expression);                                                                        \
-        if (status_ != uform_status_success_k) return status_;                                                        \
-    } while (0)
-
 static size_t uform_spread_items(uform_spread_t const* s, uint32_t device) {
     return s->firsts[device + 1] - s->firsts[device];
 }

@@ -35,6 +35,16 @@ uform_status_t uform_fail(char const** error, uform_status_t status, char const*
 #endif
     ;
 
+/** Refuses a caller's value: `uform_fail` with `invalid_argument`, in a function that has `char const** error`. */
+#define UFORM_INVALID(...) uform_fail(error, uform_status_invalid_argument_k, __VA_ARGS__)
+
+/** Returns the status of `expression` from the calling function unless it succeeded. */
+#define UFORM_TRY(expression)                                                                                         \
+    do {                                                                                                              \
+        uform_status_t status_ = (expression);                                                                        \
+        if (status_ != uform_status_success_k) return status_;                                                        \
+    } while (0)
+
 /** `uform_fail`'s type, for backends loaded at run time, which format their messages through the core's. */
 typedef uform_status_t (*uform_fail_t)(char const** error, uform_status_t status, char const* format, ...);
 

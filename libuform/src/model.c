@@ -13,12 +13,6 @@
 
 #include "core.h"
 
-#define UFORM_TRY(expression)                                                                                         \
-    do {                                                                                                              \
-        uform_status_t status_ = (expression);                                                                        \
-        if (status_ != uform_status_success_k) return status_;                                                        \
-    } while (0)
-
 /* Every buffer of a replica, with its size in bytes, in one list: taken and released alike. */
 struct uform_buffer_t {
     void** pointer;
