@@ -311,6 +311,17 @@ def test_values_the_c_library_refuses_are_worded_exactly(cpu, overrides, message
     assert str(caught.value) == message
 
 
+def test_a_real_too_small_for_float32_is_refused_not_defaulted(cpu):
+    """1e-50 would reach C as 0, which derives the default: a learning rate 47 orders of magnitude off."""
+    with pytest.raises(uform.InvalidArgument, match=r"^config\.schedule\.learning_rate: 1e-50 rounds to 0 as a float32"):
+        Trainer.init_ram(cpu, tiny_config(schedule=dict(steps=10, learning_rate=1e-50)))
+    with pytest.raises(uform.InvalidArgument, match=r"^config\.masking\.token_mask_probability: -1e-60 rounds to 0"):
+        Trainer.init_ram(cpu, tiny_config(masking=dict(token_mask_probability=-1e-60)))
+    with Trainer.init_ram(cpu, tiny_config(schedule=dict(steps=10, learning_rate=1e-40, warmup_steps=1))) as trainer:
+        trainer.step(pair_batch())
+        assert 0 < trainer.step(pair_batch()).stats.learning_rate < 1e-39  # a subnormal float32 is kept as given
+
+
 def test_seed_takes_the_whole_uint64_range(cpu):
     losses = []
     for seed in (2**64 - 1, 2**64 - 2):

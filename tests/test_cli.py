@@ -253,6 +253,14 @@ def test_info_refuses_a_checkpoint_the_loader_refuses_after_its_summary(run, tmp
     assert cli.main(["info", checkpoint, "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["valid"] is True and "error" not in described
+    junk, missing = tmp_path / "junk.bin", str(tmp_path / "missing.safetensors")
+    junk.write_bytes(bytes(range(100)))
+    for path, why in ((str(junk), "this is no checkpoint"), (missing, "No such file")):  # no header to describe
+        assert cli.main(["info", path, "--json"]) == 1
+        printed = capsys.readouterr()
+        answered = json.loads(printed.out)
+        assert answered.keys() == {"path", "valid", "error"} and answered["path"] == path and not answered["valid"]
+        assert why in answered["error"] and why in printed.err
 
 
 def test_info_shows_a_note_of_another_shape_as_text(run, tmp_path, capsys):

@@ -840,7 +840,12 @@ def loader_verdict(path: str) -> Optional[str]:
 
 
 def info(path: str, as_json: bool) -> int:
-    described = describe(path)
+    try:
+        described = describe(path)
+    except (Error, OSError) as refused:  # no header to describe: `--json` still answers with the verdict
+        if as_json:
+            print(json.dumps(dict(path=path, valid=False, error=str(refused)), indent=1))
+        raise
     error = loader_verdict(path)
     described["valid"] = error is None
     if error is not None:

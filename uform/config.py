@@ -231,8 +231,15 @@ class _Unsigned(_Kind):
 
 
 class _Real(_Kind):
+    """A float32 field of the C config, where 0 derives the default: a nonzero value that float32 holds only as
+    zero would silently become the default, so it is refused."""
+
     def __call__(self, value, path):
-        return 0.0 if value is None else real(value, path)
+        number = 0.0 if value is None else real(value, path)
+        if number != 0 and abs(number) < 1e-44 and np.float32(number) == 0:  # no overflow warning asked for
+            raise InvalidArgument(f"{path}: {_describe(value)} rounds to 0 as a float32, which would derive the "
+                                  f"default; give 0 (or None) for the default, or a magnitude of at least 1.4e-45")
+        return number
 
 
 class _Choice(_Kind):
