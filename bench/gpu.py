@@ -4,6 +4,7 @@
     python bench/gpu.py --geometry 12 512 64 512 --steps 30
     python bench/gpu.py --geometry 12 512 64 512 --determinism fast   # the runs' last bits may vary
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile  # and each kernel's share
+    python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile --timeline step.txt  # and one step's kernels
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
 bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
@@ -34,14 +35,14 @@ def flops_per_token(depth, hidden, cols):
     return 6 * parameters + 6 * 2 * depth * cols * hidden
 
 
-def kernel_shares(trainer, batch, torch, steps=3):
+def kernel_shares(trainer, batch, torch, steps=3, timeline=None):
     """Each kernel's device time a step over `steps` steps under torch's profiler (which sees every
     library's kernels in the process), largest first, then the device's idle time between kernels
     and its largest gaps with the kernels on either side, printed to stderr."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
         for _ in range(steps):
             trainer.step(batch)
     rows = [(getattr(e, "self_device_time_total", 0), e.count, e.key) for e in profiled.key_averages()]
@@ -58,6 +59,53 @@ def kernel_shares(trainer, batch, torch, steps=3):
           f"({len(gaps) / steps:.0f} gaps); the largest:", file=sys.stderr)
     for micros, before, after in gaps[:12]:
         print(f"  {micros:8.1f} us  after {before[:60]}  before {after[:60]}", file=sys.stderr)
+    host_calls(profiled, steps, timeline)
+
+
+def host_calls(profiled, steps, timeline=None):
+    """The CUDA calls the host made, and which of the device's gaps it caused: a gap is the host's when
+    the kernel after it was launched less than 2 us before it began (the device had nothing queued).
+    `timeline` names a file for one step's kernels, each with the gap before it and its time in us."""
+    try:
+        events = [(e.name(), e.device_type(), e.start_ns(), e.duration_ns(), e.correlation_id())
+                  for e in profiled.profiler.kineto_results.events()]
+    except AttributeError:
+        return
+    from torch.autograd import DeviceType
+
+    calls, launched, kernels = {}, {}, []
+    for name, device, start, duration, correlation in events:
+        if device == DeviceType.CPU and name.startswith(("cuda", "cu")):
+            total, count = calls.get(name, (0, 0))
+            calls[name] = (total + duration, count + 1)
+            launched[correlation] = start + duration
+        elif device == DeviceType.CUDA:
+            kernels.append((start, start + duration, correlation, name))
+    print("host CUDA calls a step:", file=sys.stderr)
+    for name, (total, count) in sorted(calls.items(), key=lambda kv: -kv[1][0])[:12]:
+        print(f"  {total / steps / 1e3:8.1f} us  {count / steps:6.1f} calls  {name[:80]}", file=sys.stderr)
+    kernels.sort()
+    starved, queued, late = 0, 0, {}
+    for a, b in zip(kernels, kernels[1:]):
+        gap = b[0] - a[1]
+        if gap <= 0:
+            continue
+        if b[2] in launched and launched[b[2]] > b[0] - 2000:
+            starved += gap
+            key = (a[3][:50], b[3][:50])
+            late[key] = late.get(key, 0) + gap
+        else:
+            queued += gap
+    print(f"gaps the host caused: {starved / steps / 1e6:.2f} ms a step; with the next kernel queued: "
+          f"{queued / steps / 1e6:.2f} ms a step; the host's largest, summed by neighbours:", file=sys.stderr)
+    for (before, after), gap in sorted(late.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {gap / steps / 1e3:8.1f} us  after {before}  before {after}", file=sys.stderr)
+    if timeline:  # one whole step, between the second and third downloads of the stats
+        ends = [i for i, k in enumerate(kernels) if k[3].startswith("Memcpy DtoH")]
+        with open(timeline, "w") as file:
+            for a, b in zip(kernels[ends[1]:ends[-1]], kernels[ends[1] + 1:ends[-1] + 1]):
+                host = "host" if b[2] in launched and launched[b[2]] > b[0] - 2000 else ""
+                file.write(f"{(b[0] - a[1]) / 1e3:8.1f} {(b[1] - b[0]) / 1e3:8.1f} {host:4} {b[3][:100]}\n")
 
 
 def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism, profile=False):
@@ -74,7 +122,7 @@ def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism
         seconds = (time.perf_counter() - start) / steps
         held = free_before - torch.cuda.mem_get_info()[0]
         if profile:
-            kernel_shares(trainer, batch, torch)
+            kernel_shares(trainer, batch, torch, timeline=profile if isinstance(profile, str) else None)
     tokens_per_s = rows * cols / seconds
     return dict(peer="uform", determinism=determinism, depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
@@ -95,6 +143,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-peer", action="store_true", help="time uform alone")
     parser.add_argument("--profile", action="store_true", help="then print each kernel's share of 3 more steps")
+    parser.add_argument("--timeline", help="with --profile: write one step's kernels, each with the gap before it, here")
     parser.add_argument("--determinism", choices=["bitwise", "fast"], default="bitwise", help="uform's TrainerConfig.determinism")
     args = parser.parse_args()
     peer = load_peer()
@@ -102,7 +151,8 @@ def main():
 
     peak = peer.peak_bf16_tflops()
     for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
-        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism, args.profile)
+        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism,
+                         args.profile and (args.timeline or True))
         print(json.dumps(ours), flush=True)
         if args.no_peer:
             continue

@@ -75,8 +75,8 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->d_logits, tokens * uform_bytes_k * act);
     UFORM_BUFFER(r->d_pooled, segments * h * floats);
     UFORM_BUFFER(r->normalized, segments * h * floats);
-    UFORM_BUFFER(r->scalars, uform_scalars_k * sizeof(double));
-    UFORM_BUFFER(r->scored, 2 * (size_t)layout->temperature_groups * floats);
+    /* The scored temperatures and biases follow the scalars in one buffer: the stats read both in one copy. */
+    UFORM_BUFFER(r->scalars, uform_scalars_k * sizeof(double) + 2 * (size_t)layout->temperature_groups * floats);
     UFORM_BUFFER(r->targets, tokens * words);
     UFORM_BUFFER(r->order, tokens * words);
     UFORM_BUFFER(r->order_offsets, (uform_vocabulary_k + 1) * words);
@@ -148,6 +148,7 @@ uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s con
                           "failing at %zu",
                           backend->name, layout->depth, plan.hidden, plan.tokens, total, asked);
     }
+    if (replica->scalars) replica->scored = (float*)(replica->scalars + uform_scalars_k);
     if (!replica->compute) replica->compute = replica->weights; /* float32 backends' products read the masters */
     if (!replica->media_compute) replica->media_compute = replica->media_values;
     /* Inference keeps no block's activations for a backward pass, so every block overwrites the first's in turn:

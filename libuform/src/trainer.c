@@ -155,12 +155,16 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     uform_layout_t const* layout = &trainer->layout;
     uform_replica_t const* replica = &trainer->replica;
     uform_backend_t const* backend = replica->backend;
-    float scored[2 * UFORM_MAX_TEMPERATURE_GROUPS];
     uint32_t groups = layout->temperature_groups;
-    uform_status_t status = backend->download(replica->context, scalars, replica->scalars, uform_scalars_k * sizeof(double));
-    if (status == uform_status_success_k)
-        status = backend->download(replica->context, scored, replica->scored, 2 * groups * sizeof(float));
+    struct { /* the replica's buffer as laid out: its scalars, then the scored temperatures and biases */
+        double scalars[uform_scalars_k];
+        float scored[2 * UFORM_MAX_TEMPERATURE_GROUPS];
+    } read;
+    uform_status_t status = backend->download(replica->context, &read, replica->scalars,
+                                              sizeof(read.scalars) + 2 * groups * sizeof(float));
     if (status != uform_status_success_k) return status;
+    float const* scored = read.scored;
+    memcpy(scalars, read.scalars, sizeof(read.scalars));
     memset(stats, 0, sizeof(*stats));
     stats->loss = uform_terms_ran(terms) ? (float)uform_total_loss(scalars, terms) : NAN;
     stats->masked_loss = terms.masked_ran ? (float)scalars[uform_scalar_masked_loss_k] : NAN;
