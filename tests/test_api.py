@@ -92,7 +92,7 @@ def test_version_and_capabilities():
     assert uform.__version__ == _native.version()
     capabilities = uform.capabilities()
     assert isinstance(capabilities, set)
-    assert "ram" in capabilities
+    assert {"ram", "mesh"} <= capabilities  # meshes of several processes join RAM executors in every build
     formats = {"jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "mp4", "webm", "mkv"}
     assert capabilities <= {"ram", "vram", "mesh"} | formats
 
@@ -561,12 +561,6 @@ def test_a_collected_trainer_lets_go_of_its_executor():
     gc.collect()
     cpu.free()
     assert not cpu.alive
-
-
-@pytest.mark.skipif("mesh" in uform.capabilities(), reason="this build joins meshes of many processes")
-def test_many_process_meshes_need_nccl(cpu, tmp_path):
-    with pytest.raises(uform.Unsupported):
-        Mesh.bootstrap(cpu, host_domain_index=0, host_domain_count=2, directory=tmp_path, job="run", timeout=1)
 
 
 # ---------------------------------------------------------------------------------------------- #

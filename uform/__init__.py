@@ -81,7 +81,7 @@ from .config import (
     unsigned_array,
 )
 from .deferred import Deferred, Worker, stop_on_collect
-from .errors import Busy, DeviceError, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
+from .errors import Busy, DeviceError, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, PeerError, StorageError, Unsupported
 from .outputs import _ITEM_BYTES, Arena, Rows, Scalar, Stats, Stepped
 
 __version__ = _native.version()
@@ -137,6 +137,7 @@ __all__ = [
     "OutOfMemory",
     "StorageError",
     "DeviceError",
+    "PeerError",
 ]
 
 
@@ -371,7 +372,11 @@ class Mesh(_Native):
     ) -> "Mesh":
         """Joins this process to a run of `host_domain_count` processes meeting under `directory/job`.
 
-        A mesh of one process needs no peers; `timeout` seconds bound the wait for them (absent: 300).
+        A mesh of one process needs no peers. Several processes, each with a RAM executor, meet through files
+        under `directory/job` (an existing folder every process sees; `job` is one folder name) and talk over
+        TCP sockets; `timeout` seconds (absent: 300) bound the wait for them, here and at every exchange of a
+        step. Raises `uform.PeerError` naming the host domains that never joined; `InvalidArgument` naming
+        `host_domain_index`, `directory`, `job` or `timeout`. See docs/python.md, "Meshes of several processes".
         """
         if not isinstance(executor, Executor):
             raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
@@ -380,6 +385,8 @@ class Mesh(_Native):
         folder = None if directory is None else encode_path(directory, "directory")
         name = None if job is None else encode_path(job, "job")
         seconds = 0.0 if timeout is None else real(timeout, "timeout")
+        if not 0 <= seconds <= 1e9:  # named as the caller knows it: the C library's field is `timeout_seconds`
+            raise InvalidArgument(f"timeout: {timeout!r} is not a number of seconds in [0, 1e9]")
         native = _native.MeshHandle.bootstrap(executor._handle(), index, count, folder, name, seconds)
         mesh = cls.__new__(cls)
         mesh._native = native

@@ -16,7 +16,7 @@ from uform.uform cimport *
 
 import numpy as np
 
-from uform.errors import DeviceError, Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, StorageError, Unsupported
+from uform.errors import DeviceError, Busy, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, PeerError, StorageError, Unsupported
 
 # The C library's numbering of the enumerations whose Python values are names, keyed by those names.
 C_ENUMS = {
@@ -77,6 +77,7 @@ cdef dict _ERRORS = {
     uform_status_io_k: StorageError,
     uform_status_invalid_checkpoint_k: InvalidCheckpoint,
     uform_status_device_k: DeviceError,
+    uform_status_peer_k: PeerError,
 }
 
 # Where an empty buffer points: C reads nothing from it, but a NULL could mean "absent".

@@ -14,6 +14,7 @@ __all__ = [
     "OutOfMemory",
     "StorageError",
     "DeviceError",
+    "PeerError",
 ]
 
 
@@ -55,7 +56,13 @@ class DeviceError(Error, RuntimeError):
     that device is unknown: free the trainer and resume from a checkpoint."""
 
 
+class PeerError(Error, ConnectionError):
+    """A mesh's peer did not come, or stopped answering, within the mesh's timeout, or hung up; the message
+    names the host domain. After a step fails this way the processes are out of step: free the trainer and
+    the mesh, and resume every process from a checkpoint."""
+
+
 for _error in (Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, Busy, Unsupported, OutOfMemory, StorageError,
-               DeviceError):
+               DeviceError, PeerError):
     _error.__module__ = "uform"  # tracebacks show `uform.InvalidArgument`, where users import it from
 del _error

@@ -25,6 +25,7 @@ cdef extern from "uform.h" nogil:
         uform_status_io_k
         uform_status_invalid_checkpoint_k
         uform_status_device_k
+        uform_status_peer_k
 
     ctypedef enum uform_modality_t:
         uform_modality_text_k

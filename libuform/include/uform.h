@@ -13,7 +13,8 @@
  *  - `uform_executor_t`: where work runs. A RAM executor is the CPU reference backend with its
  *    own thread count, simulating one device or several (the mesh's CPU reference); a VRAM executor
  *    is a set of GPUs (absent from builds without CUDA: ask `uform_capabilities()`).
- *  - `uform_mesh_t`: the processes of one run and the communicator that joins their devices.
+ *  - `uform_mesh_t`: the processes of one run and the communicator that joins their devices. Processes of RAM
+ *    executors meet through files and talk over TCP sockets; see `uform_mesh_bootstrap`.
  *  - `uform_trainer_t`: one training run: the weights, the optimizer's moments and the step.
  *    It borrows its executor and mesh until it is freed; freeing either while a trainer borrows
  *    it fails with `uform_status_busy_k`.
@@ -114,6 +115,10 @@ typedef enum uform_status_t {
     /** The GPU failed: a CUDA error or a lost device. The message names the call; the run's
      *  state on that device is unknown, so free the trainer and resume from a checkpoint. */
     uform_status_device_k = 8,
+    /** A mesh's peer did not come, or stopped answering, within the mesh's timeout, or hung up; the message names the
+     *  host domain. A step that fails this way leaves the processes out of step: the mesh is broken, every later
+     *  collective on it fails alike. Free the trainer and the mesh, and resume every process from a checkpoint. */
+    uform_status_peer_k = 9,
 } uform_status_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -178,7 +183,7 @@ typedef enum uform_scalar_t {
 typedef enum uform_capability_t {
     uform_capability_ram_k = 1,  /**< The CPU reference backend. */
     uform_capability_vram_k = 2, /**< The CUDA backend. */
-    uform_capability_mesh_k = 4, /**< Meshes of more than one process. */
+    uform_capability_mesh_k = 4, /**< Meshes of more than one process, of RAM executors. */
     /* Media formats this build decodes, each through a library found when it was built
      * (`docs/model.md`, "Media preprocessing"); an item in a format without its bit is refused
      * with `uform_status_unsupported_k` naming the package that adds it. */
@@ -357,7 +362,8 @@ typedef struct uform_trainer_stats_t {
     float video_loss;     /**< The same over hidden video tubelets. */
     float audio_loss;     /**< The same over hidden audio chunks. */
     float grad_norm;      /**< Global gradient norm before clipping. */
-    uint64_t items;       /**< Items this process contributed. */
+    uint64_t items;       /**< Items this process contributed. The other counts, and the losses, are the whole
+                               step's, over every process of a mesh. */
     uint64_t tokens;      /**< Token positions after truncation. */
     uint64_t truncated_items;
     uint64_t masked_positions; /**< Positions the masked term scored; 0 when it scored none. */
@@ -461,18 +467,41 @@ UFORM_API uform_status_t uform_executor_free(uform_executor_t executor, char con
 typedef struct uform_mesh_bootstrap_t {
     uint32_t host_domain_index; /**< This process's index, below `host_domain_count`. */
     uint32_t host_domain_count; /**< Processes in the run; 0 derives 1. */
-    char const* directory;      /**< A folder every process sees; one process ignores it: may be NULL. */
-    char const* job;            /**< The run's name; files live under `directory/job`; one process ignores it too. */
-    double timeout_seconds;     /**< How long to wait for peers; 0 derives 300. */
+    char const* directory;      /**< An existing folder every process sees; one process ignores it: may be NULL. */
+    char const* job;            /**< The run's name, one folder name (no '/', at most 200 bytes): files live under
+                                     `directory/job`, made when absent; one process ignores it too. */
+    double timeout_seconds;     /**< How long to wait for peers, at the meeting and at each exchange of a step;
+                                     0 derives 300. */
 } uform_mesh_bootstrap_t;
 
 /**
  *  @brief Joins this process to a run's mesh. A mesh of one process needs no peers, no `directory` and no `job`:
  *  a zeroed config makes it.
+ *
+ *  Several processes, each with a RAM executor, meet through files under `directory/job`. Host domain 0 listens on a
+ *  TCP port and writes `directory/job/rendezvous` atomically (a temporary file renamed into place) with a fresh random
+ *  nonce, its host name and its port; every other host domain reads it, connects and shows the nonce. A file left by
+ *  an earlier run of the same job points where nobody listens, or at a listener with another nonce: the peer reads the
+ *  file again until this run's appears. Once every index has joined, host domain 0 removes the file and the call
+ *  returns on every process; when one never came, it fails on every process that did, naming the missing indices.
+ *  The hosts must reach host domain 0's host name on any TCP port, and share a byte order.
+ *
+ *  A trainer on the mesh numbers every process's devices in host-domain order, and the step's items likewise: each
+ *  process's items follow those of the processes before it, its edges index its own items, and ambient negatives
+ *  range over every process's items. Each process splits its share over its own devices as
+ *  `uform_executor_init_ram_devices` says; the gather of embeddings and token vectors, the scatter of their gradients
+ *  and the all-reduce cross processes through host domain 0 in that global order, so processes of one device each,
+ *  given shares of a batch, train bit for bit as one process of as many devices given all of it. Every process must
+ *  make its trainer with the same config (refused by name otherwise) on the executor it joined with.
+ *
  *  @param[in] executor The devices this process brings.
  *  @param[in] config Where and how to meet.
  *  @param[out] mesh The new handle.
- *  @return `uform_status_unsupported_k` for more than one process in builds without NCCL.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_invalid_argument_k` naming `host_domain_index`, `directory`, `job` or `timeout_seconds`;
+ *  `uform_status_peer_k` when peers did not all join within the timeout, naming which; `uform_status_io_k` when the
+ *  folder or the file cannot be written; `uform_status_unsupported_k` for several processes of VRAM executors, which
+ *  need the NCCL mesh this build lacks.
  */
 UFORM_API uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootstrap_t const* config,
                                               uform_mesh_t* mesh, char const** error);
@@ -509,6 +538,11 @@ UFORM_API uform_status_t uform_trainer_init_vram(uform_executor_t executor, ufor
  *
  *  The batch is validated whole before anything changes. A step whose loss or gradient is not
  *  finite changes nothing and reports `stats.skipped = 1`; that is not an error.
+ *
+ *  On a mesh of several processes every process calls it once a step with its own share: the step is the processes'
+ *  batches side by side in host-domain order (`uform_mesh_bootstrap`). A share any process refuses is refused by
+ *  every process, each naming the host domain that refused it, and the next step trains as if it never came. A peer
+ *  that hangs up or stays silent past the mesh's timeout fails the step with `uform_status_peer_k`.
  */
 UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, char const** error);
 
@@ -542,6 +576,9 @@ UFORM_API uform_status_t uform_decoded_free(uform_decoded_t decoded, char const*
  *  safetensors file: written to `path` + a temporary suffix, flushed, then renamed into place.
  *  @param[in] trainer The run.
  *  @param[in] path The destination.
+ *
+ *  On a mesh of several processes only host domain 0 writes; the others, which hold the same weights and moments,
+ *  return success at once and write nothing, so every process may call it alike. So do the other save verbs.
  */
 UFORM_API uform_status_t uform_trainer_save(uform_trainer_t trainer, char const* path, char const** error);
 

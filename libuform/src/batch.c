@@ -843,9 +843,9 @@ static void uform_choice_positions(uform_packed_t* packed) {
 
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
                                 uform_trainer_step_t const* step, uform_decoded_s const* decoded,
-                                uint64_t step_number, size_t first_item, char const** error) {
+                                uint64_t step_number, size_t first_item, size_t first_key, char const** error) {
     if (!step) return UFORM_INVALID("batch: NULL");
-    uform_hiding_t hiding = {step_number, first_item};
+    uform_hiding_t hiding = {step_number, first_key};
     uform_status_t status = uform_batch_validate(packed, config, step, first_item, error);
     if (status == uform_status_success_k)
         status = uform_pack_rows(packed, config, step->count, step->modalities, &step->contents,
@@ -855,7 +855,7 @@ uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* co
     if (status != uform_status_success_k) return status;
     if (config->given.objective != uform_objective_contrastive_k)
         for (size_t i = 0; i != step->count; ++i)
-            uform_mask_text(packed, config, step_number, first_item + i, packed->segments[i].start,
+            uform_mask_text(packed, config, step_number, first_key + i, packed->segments[i].start,
                             packed->content_lengths[i]);
     uform_choice_positions(packed);
     if (config->given.late_interaction.weight > 0) status = uform_late_fill(packed, config, step, error);

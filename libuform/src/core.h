@@ -72,11 +72,45 @@ typedef struct uform_executor_s {
     uint32_t devices; /* devices a trainer spreads its steps over: more than one only as the RAM simulation */
 } uform_executor_s;
 
+/**
+ *  What carries a mesh's collectives between its processes: sockets between RAM executors' processes (`mesh.c`); a
+ *  GPU mesh would put NCCL's collectives behind the same calls. Each call is collective: every process makes it, in
+ *  the same order. A failed call may leave a stream midway through a message, so the mesh breaks for good.
+ */
+typedef struct uform_transport_t {
+    /** Every process's `bytes` bytes, in host-domain order, into `*gathered` (malloc'd, freed by the caller), and
+     *  each process's size into `sizes` (one per process). */
+    uform_status_t (*all_gather)(void* link, void const* mine, size_t bytes, uint8_t** gathered, size_t* sizes,
+                                 char const** error);
+    /** Host domain 0's `bytes` bytes into every process's `data`. */
+    uform_status_t (*broadcast)(void* link, void* data, size_t bytes, char const** error);
+    /** The sum of every process's `parts` (`length` floats each) into every process's `sum`: in host-domain order, then
+     *  in each process's order of parts, the first copied and each other added, as one process sums its devices.
+     *  `scratch` holds `length` floats. */
+    uform_status_t (*sum)(void* link, float* sum, float* scratch, float const* const* parts, size_t parts_count,
+                          size_t length, char const** error);
+    void (*close)(void* link);
+} uform_transport_t;
+
 typedef struct uform_mesh_s {
     uform_handle_t handle;
     uform_executor_s* executor; /* borrowed until the mesh is freed */
     uint32_t host_domain_index, host_domain_count;
+    uform_transport_t const* transport; /* NULL for a mesh of one process */
+    void* link;                         /* the transport's own state; NULL once broken */
+    bool broken;                        /* a collective failed: the processes are out of step for good */
+    pthread_mutex_t lock;               /* one collective at a time, whichever trainer calls it */
 } uform_mesh_s;
+
+/** The transport's collectives on a mesh of several processes, one at a time; a failure breaks the mesh, and tells
+ *  the peers at once by hanging up on them. Refused with `uform_status_peer_k` once the mesh is broken. */
+uform_status_t uform_mesh_all_gather(uform_mesh_s* mesh, void const* mine, size_t bytes, uint8_t** gathered,
+                                     size_t* sizes, char const** error);
+uform_status_t uform_mesh_broadcast(uform_mesh_s* mesh, void* data, size_t bytes, char const** error);
+uform_status_t uform_mesh_sum(uform_mesh_s* mesh, float* sum, float* scratch, float const* const* parts,
+                              size_t parts_count, size_t length, char const** error);
+/** Breaks the mesh: a process that fails between collectives hangs up, so its peers fail rather than wait. */
+void uform_mesh_break(uform_mesh_s* mesh);
 
 /** The CUDA backend, loaded from `libuform_vram.so` beside this library on first use; NULL with the
  *  message set when the build has none or no GPU answers. */
@@ -206,14 +240,14 @@ void uform_packed_free(uform_packed_t* packed);
  *  step `step_number` (counted from 1): truncation, rows, masking draws, contrastive cells.
  *  Every value the packing trusts is read from the caller's memory once, so memory changed
  *  meanwhile cannot steer it outside a buffer. Writes only `packed`, which is scratch: a refused
- *  batch leaves the run as it was. Draws are keyed on `first_item` + the item's index, its index
- *  within the process's step, so they do not depend on how a step is split over devices; messages
- *  name items by that index too. `decoded`,
+ *  batch leaves the run as it was. Draws are keyed on `first_key` + the item's index, its index
+ *  within the whole step of every process, so they do not depend on how a step is split over devices
+ *  or processes; messages name items by `first_item` + the index, within this process's step. `decoded`,
  *  when not NULL, holds the step's media decoded ahead: the items must be the ones it was made from.
  */
 uform_status_t uform_batch_pack(uform_packed_t* packed, uform_config_t const* config,
                                 uform_trainer_step_t const* step, uform_decoded_s const* decoded,
-                                uint64_t step_number, size_t first_item, char const** error);
+                                uint64_t step_number, size_t first_item, size_t first_key, char const** error);
 /** Checks a step's relations alone (ids, order, weights, one relation per pair), their count against no capacity. */
 uform_status_t uform_batch_check_relations(uform_trainer_step_t const* step, char const** error);
 /** Fills `packed`'s contrastive cells, their weights and `contrastive_rows` over every item of a step whose relations
@@ -401,17 +435,25 @@ uform_status_t uform_embeddings_export(uform_replica_t const* replica, float con
  */
 typedef struct uform_spread_t {
     uform_backend_t const* backend;
-    uint32_t devices;
+    uint32_t devices;           /* this process's */
     uform_replica_t** replicas; /* (devices) */
     uform_packed_t** packs;     /* (devices) */
-    size_t* firsts;             /* (devices + 1) each device's first item; a device whose run is empty idles */
+    /* On a mesh of several processes, every process's devices in host-domain order; one process alone is all. */
+    uform_mesh_s* mesh;         /* NULL for one process */
+    uint32_t processes, first_device, all_devices; /* this process's first device among all */
+    uint32_t* process_devices;  /* (processes + 1) each process's first device */
+    size_t first_item, items;   /* this process's items in the step */
+    size_t* firsts;             /* (all devices + 1) each device's first item; a device whose run is empty idles */
+    size_t* rows;               /* (all devices + 1) each device's first row of the gathered token vectors */
+    size_t* sizes;              /* (processes) bytes each process sent in the last exchange */
+    float* parts;               /* (devices x layout.total) a mesh's host copy of each device's gradients, or NULL */
     uform_terms_t* terms;       /* (devices) what each device scores, each mean weighed by the device's share */
     /* The step over every device, in item order: the counts of every device summed, the groups, cells and sides of
        every item, and the late-interaction lists over the gathered token vectors. */
     uform_packed_t whole;
     void* context;              /* the backend's scratch for every device's items: where the gathered terms run */
-    float *pooled, *d_pooled, *normalized; /* (devices x segments, hidden) every device's items, in item order */
-    float *late_unit, *d_late_unit;        /* (devices x tokens, width) every device's token vectors, in item order */
+    float *pooled, *d_pooled, *normalized; /* (all devices x segments, hidden) every device's items, in item order */
+    float *late_unit, *d_late_unit;        /* (all devices x tokens, width) every device's token vectors, in item order */
     float* sum;                 /* (2 x layout.total) host memory the gradients are summed in */
     double scalars[uform_scalars_k]; /* the step's losses over every device */
     void* taken[24];            /* the arrays above and `whole`'s, each taken from the backend, released alike */
@@ -421,19 +463,20 @@ typedef struct uform_spread_t {
 } uform_spread_t;
 
 /** Makes the devices past the first for a trainer whose `replica` and `packed` serve device 0, on an executor of
- *  `devices` simulated devices. */
+ *  `devices` simulated devices; on a `mesh` of several processes, whose devices `devices_of` counts, beside theirs. */
 uform_status_t uform_spread_init(uform_spread_t** spread, uform_executor_s const* executor, uform_config_t const* config,
                                  uform_layout_t const* layout, uform_replica_t* replica, uform_packed_t* packed,
-                                 char const** error);
+                                 uform_mesh_s* mesh, uint32_t const* devices_of, char const** error);
 void uform_spread_free(uform_spread_t* spread);
 /** Splits a step over the devices and packs each device's run, as `uform_batch_pack` does for one; then `whole`
- *  holds the step's counts and gathered lists. Writes only scratch: a refused batch leaves the run as it was. */
+ *  holds the step's counts and gathered lists, over every process's items on a mesh. Writes only scratch: a refused
+ *  batch leaves the run as it was, on every process of a mesh, which all refuse it. */
 uform_status_t uform_spread_pack(uform_spread_t* spread, uform_config_t const* config, uform_trainer_step_t const* step,
                                  uform_decoded_s const* decoded, uint64_t step_number, char const** error);
 /** Runs the packed step on every device, the gathered terms over all of them, and the all-reduce: every replica
  *  then holds the summed gradients, and scalars of the whole step, ready for one update. */
 uform_status_t uform_spread_gradients(uform_spread_t* spread, uform_layout_t const* layout,
-                                      uform_config_t const* config);
+                                      uform_config_t const* config, char const** error);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Checkpoints                                                                                    */

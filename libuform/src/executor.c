@@ -1,6 +1,6 @@
 /**
  *  @file   executor.c
- *  @brief  Executors (where work runs), meshes (who works together), version and capabilities.
+ *  @brief  Executors (where work runs), version and capabilities; meshes (who works together) are `mesh.c`'s.
  *
  *  The CUDA backend is a plug-in, `libuform_vram.so`, beside this library: loaded on first use, so
  *  this library starts on any machine and only VRAM executors need the CUDA libraries.
@@ -68,7 +68,9 @@ uform_backend_t const* uform_testing_backend(char const* name) {
 }
 
 uint32_t uform_capabilities(void) {
-    return uform_capability_ram_k | (uform_vram_backend() ? uform_capability_vram_k : 0) | uform_media_capabilities();
+    /* Meshes of several processes join RAM executors over sockets, which every build has (`mesh.c`). */
+    return uform_capability_ram_k | uform_capability_mesh_k | (uform_vram_backend() ? uform_capability_vram_k : 0) |
+           uform_media_capabilities();
 }
 
 /* Opens `ordinal` on `backend`, for trainers that spread their steps over `devices`, and adds the executor to the
@@ -126,46 +128,6 @@ uform_status_t uform_executor_free(uform_executor_t executor, char const** error
         uform_executor_s* freed = object;
         freed->backend->device_close(freed->device);
         free(freed);
-    }
-    return status;
-}
-
-uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootstrap_t const* config,
-                                    uform_mesh_t* mesh, char const** error) {
-    uform_status_t status = uform_handles_check(executor, uform_handle_executor_k, "executor", error);
-    if (status != uform_status_success_k) return status;
-    if (!config || !mesh) return uform_fail(error, uform_status_invalid_argument_k, "mesh: NULL config or output");
-    uint32_t count = config->host_domain_count ? config->host_domain_count : 1;
-    if (config->host_domain_index >= count)
-        return uform_fail(error, uform_status_invalid_argument_k,
-                          "host_domain_index: %u is not below host_domain_count %u", config->host_domain_index,
-                          count);
-    if (count > 1)
-        return uform_fail(error, uform_status_unsupported_k,
-                          "host_domain_count: %u processes need the NCCL mesh, which this build lacks", count);
-    /* The mesh borrows its executor for its life, so the executor cannot be freed under it. */
-    void* devices = NULL;
-    status = uform_handles_acquire(executor, uform_handle_executor_k, "executor", &devices, error);
-    if (status != uform_status_success_k) return status;
-    uform_mesh_s* made = calloc(1, sizeof(uform_mesh_s));
-    if (!made) {
-        uform_handles_release(devices);
-        return uform_fail(error, uform_status_out_of_memory_k, "no memory for a mesh");
-    }
-    made->executor = devices;
-    made->host_domain_index = config->host_domain_index;
-    made->host_domain_count = count;
-    status = uform_handles_add(made, uform_handle_mesh_k, mesh, error);
-    if (status != uform_status_success_k) uform_handles_release(devices), free(made);
-    return status;
-}
-
-uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error) {
-    void* object;
-    uform_status_t status = uform_handles_remove(mesh, uform_handle_mesh_k, "mesh", &object, error);
-    if (status == uform_status_success_k) {
-        uform_handles_release(((uform_mesh_s*)object)->executor);
-        free(object);
     }
     return status;
 }

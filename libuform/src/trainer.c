@@ -84,6 +84,41 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
     return status;
 }
 
+/* On a mesh of several processes, every process's trainer must train the same model: the processes share their
+   configs (or why they could not make one) and the devices each brings, and all fail if any failed or differs. */
+static uform_status_t uform_trainer_agree(uform_trainer_s* trainer, uform_status_t status, uint32_t** devices_of,
+                                          char const** error) {
+    uform_mesh_s* mesh = trainer->mesh;
+    uint32_t count = mesh->host_domain_count, code = (uint32_t)status, devices = trainer->executor->devices;
+    char const* text = status == uform_status_success_k ? trainer->config_json : uform_message();
+    size_t length = strlen(text), bytes = 2 * sizeof(uint32_t) + length, at = 0;
+    char* mine = malloc(bytes);
+    size_t* sizes = calloc(count, sizeof(size_t));
+    *devices_of = calloc(count, sizeof(uint32_t));
+    if (!mine || !sizes || !*devices_of) {
+        free(mine), free(sizes), free(*devices_of), *devices_of = NULL;
+        return uform_fail(error, uform_status_out_of_memory_k, "no memory to agree on the config");
+    }
+    memcpy(mine, &code, 4), memcpy(mine + 4, &devices, 4), memcpy(mine + 8, text, length);
+    uint8_t* gathered = NULL;
+    uform_status_t shared = uform_mesh_all_gather(mesh, mine, bytes, &gathered, sizes, error);
+    if (shared != uform_status_success_k) status = shared;
+    for (uint32_t p = 0; p != count && status == uform_status_success_k; at += sizes[p++]) {
+        char const* theirs = (char const*)gathered + at;
+        memcpy(&code, theirs, 4), memcpy(&(*devices_of)[p], theirs + 4, 4);
+        if (code != uform_status_success_k)
+            status = uform_fail(error, (uform_status_t)code, "host domain %u could not make its trainer: %.*s", p,
+                                (int)(sizes[p] - 8), theirs + 8);
+        else if (sizes[p] - 8 != length || memcmp(theirs + 8, trainer->config_json, length))
+            status = uform_fail(error, uform_status_invalid_argument_k, "config: host domain %u's differs from host "
+                                "domain %u's; every process of a mesh trains one model: %.*s", p,
+                                mesh->host_domain_index, (int)(sizes[p] - 8), theirs + 8);
+    }
+    free(mine), free(sizes), free(gathered);
+    if (status != uform_status_success_k) free(*devices_of), *devices_of = NULL;
+    return status;
+}
+
 /* Makes a trainer on an executor (and mesh) the caller has acquired; the trainer keeps those borrows
    for its life, and only joins the table of handles once whole. */
 static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_s* mesh,
@@ -96,15 +131,23 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
     made->executor = executor, made->mesh = mesh;
     uform_status_t status = uform_model_open(executor, config, 1, &made->config, &made->layout, &made->replica,
                                              &made->packed, error);
-    if (status == uform_status_success_k && executor->devices > 1)
+    if (status == uform_status_success_k)
+        uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
+    int several = mesh && mesh->transport;
+    uint32_t* devices_of = NULL;
+    int agreed = 0;
+    if (several) status = uform_trainer_agree(made, status, &devices_of, error), agreed = status == uform_status_success_k;
+    if (status == uform_status_success_k && (executor->devices > 1 || several))
         status = uform_spread_init(&made->spread, executor, &made->config, &made->layout, &made->replica,
-                                   &made->packed, error);
+                                   &made->packed, several ? mesh : NULL, devices_of, error);
+    free(devices_of);
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
     if (status == uform_status_success_k) {
-        uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
         status = uform_handles_add(made, uform_handle_trainer_k, trainer, error);
         if (status == uform_status_success_k) made->self = *trainer;
     }
+    /* Past the agreement every process counts on every other's trainer: one that fails hangs up on them. */
+    if (status != uform_status_success_k && agreed) uform_mesh_break(mesh);
     if (status != uform_status_success_k) uform_trainer_release(made);
     return status;
 }
@@ -124,6 +167,10 @@ static uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uf
     }
     if (status == uform_status_success_k && mesh)
         status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &peers, error);
+    /* The mesh's processes meet with the executors they joined with, whose devices they count. */
+    if (status == uform_status_success_k && peers && ((uform_mesh_s*)peers)->transport &&
+        ((uform_mesh_s*)peers)->executor != devices)
+        status = uform_fail(error, uform_status_invalid_argument_k, "mesh: joined with another executor than this one");
     if (status == uform_status_success_k) status = uform_trainer_make(devices, peers, config, trainer, error);
     if (status != uform_status_success_k) uform_handles_release(devices), uform_handles_release(peers);
     return status;
@@ -280,7 +327,7 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     if (status == uform_status_success_k && spread)
         status = uform_spread_pack(spread, &trainer->config, step, decoded, next, error);
     else if (status == uform_status_success_k)
-        status = uform_batch_pack(&trainer->packed, &trainer->config, step, decoded, next, 0, error);
+        status = uform_batch_pack(&trainer->packed, &trainer->config, step, decoded, next, 0, 0, error);
     uform_handles_release(decoded);
     if (status != uform_status_success_k) return status;
 
@@ -293,7 +340,7 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     float rate = uform_schedule_rate(&config->given.schedule, next);
     if (spread) {
         *prepared = uform_seconds();
-        status = uform_spread_gradients(spread, layout, config);
+        status = uform_spread_gradients(spread, layout, config, error);
     } else {
         status = uform_model_upload(replica, &trainer->packed, 1);
         *prepared = uform_seconds();
@@ -326,15 +373,19 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     double scalars[uform_scalars_k];
     if (status == uform_status_success_k)
         status = uform_stats_fill(trainer, &step->stats, terms, scalars, counted);
-    if (status != uform_status_success_k) return uform_trainer_failed(status, error);
+    if (status != uform_status_success_k) {
+        if (trainer->mesh && trainer->mesh->transport) uform_mesh_break(trainer->mesh); /* the peers would wait */
+        return uform_trainer_failed(status, error);
+    }
+    if (spread) step->stats.items = spread->items; /* this process's; the other counts are the whole step's */
     if (step->embeddings) {
-        /* Spread over devices, the gathered embeddings are in item order: the caller's. */
+        /* Spread over devices, the gathered embeddings are in item order; this process's run of them is the caller's. */
         int contrastive = terms.contrastive_ran;
-        float const* normalized = spread ? spread->normalized : replica->normalized;
-        float const* pooled = spread ? spread->pooled : replica->pooled;
-        status = uform_embeddings_export(replica, contrastive ? normalized : pooled, counted->segments_count,
-                                         layout->hidden, !contrastive, step->embeddings, step->embeddings_scalar,
-                                         error);
+        size_t first = spread ? spread->first_item * layout->hidden : 0, items = spread ? spread->items : counted->segments_count;
+        float const* normalized = (spread ? spread->normalized : replica->normalized) + first;
+        float const* pooled = (spread ? spread->pooled : replica->pooled) + first;
+        status = uform_embeddings_export(replica, contrastive ? normalized : pooled, items, layout->hidden,
+                                         !contrastive, step->embeddings, step->embeddings_scalar, error);
         if (status != uform_status_success_k) return status;
     }
     step->stats.learning_rate = rate;

@@ -1,0 +1,58 @@
+"""One process of a mesh, for tests/test_mesh.py: `python mesh_worker.py PLAN RESULT`.
+
+PLAN is a pickled dict: `index`, `count`, `directory`, `job`, `timeout`, and optionally `config` and `batches` (this
+process's share of each step), `threads`, `devices`, `arena`, `save` (a path every process saves to after the
+steps), `die_after` (exit at once after that many steps, as a killed process would). RESULT receives a pickled
+dict: `stats` (one dict per step, or `refused` with the message of a step refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
+what uform raised) and `seconds`, the time spent until then.
+"""
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+
+import uform
+
+
+def run(plan):
+    steps, embeddings = [], []
+    with uform.Executor.for_ram(threads=plan.get("threads", 1), devices=plan.get("devices", 1)) as executor, \
+            uform.Mesh.bootstrap(executor, plan["index"], plan["count"], plan["directory"], plan["job"],
+                                 timeout=plan["timeout"]) as mesh:
+        if "config" not in plan:
+            return dict(stats=[], embeddings=[], weights=None)
+        with uform.Trainer.init_ram(executor, plan["config"], mesh) as trainer:
+            for number, batch in enumerate(plan["batches"]):
+                if plan.get("die_after") == number:
+                    os._exit(3)
+                try:
+                    stepped = trainer.step(batch, dict(arena=uform.Arena()) if plan.get("arena") else None)
+                except uform.InvalidArgument as refused:  # every process refuses a share any one refuses
+                    steps.append(dict(refused=str(refused)))
+                    embeddings.append(None)
+                    continue
+                steps.append(dict(stepped.stats))
+                embeddings.append(np.array(stepped.embeddings) if plan.get("arena") else None)
+            if plan.get("save"):
+                trainer.save(plan["save"])
+            return dict(stats=steps, embeddings=embeddings, weights=trainer._weights())
+
+
+def main():
+    with open(sys.argv[1], "rb") as file:
+        plan = pickle.load(file)
+    start = time.monotonic()
+    try:
+        result = run(plan)
+    except uform.Error as error:
+        result = dict(error=(type(error).__name__, str(error)))
+    result["seconds"] = time.monotonic() - start
+    with open(sys.argv[2] + ".partial", "wb") as file:
+        pickle.dump(result, file)
+    os.replace(sys.argv[2] + ".partial", sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()

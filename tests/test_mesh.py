@@ -1,0 +1,274 @@
+"""Meshes of several processes on the CPU: processes meet through files under `directory/job`, and a step spread
+over them trains as one process of as many simulated devices would, given all their items.
+
+Each test starts its processes with `mesh_worker.py`. Two processes of one device each, given halves of a batch,
+must give the very bits that one process of two devices gives with the whole batch: the gathered terms see the same
+embeddings, and the gradients are summed in the same device order."""
+import math
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import uform
+from test_model import MASKING
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_worker.py")
+# The worker imports the very uform these tests import, wherever it was built.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(uform.__file__)))
+
+TEXTS = [b"a small red panda", b"red pandas eat bamboo", b"the sun is a star", b"stars shine at night",
+         b"def f(x): return x", b"ok then", b"rivers run to the sea", b"the sea is salty"]
+SIDES = [uform.LateInteractionSide.QUERY, uform.LateInteractionSide.DOCUMENT] * 4
+STATS = ["loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss", "grad_norm",
+         "learning_rate", "inverse_temperatures", "biases"]
+COUNTS = ["step", "skipped", "tokens", "truncated_items", "masked_positions", "contrastive_rows", "query_rows"]
+
+
+def config(objective, **extra):
+    made = dict(depth=1, hidden=128, objective=objective, seed=7, schedule=dict(steps=20, warmup_steps=1),
+                batch=dict(max_rows_per_device=4, max_columns_per_row=32, max_segments_per_device=4),
+                contrastive=dict(temperature_groups=2), masking=MASKING)
+    made.update(extra)
+    return made
+
+
+def edges(pairs, count):
+    """Edges from each item of `pairs` to its partner, both ways."""
+    runs = [[] for _ in range(count)]
+    for a, b in pairs:
+        runs[a].append(b), runs[b].append(a)
+    offsets = np.cumsum([0] + [len(run) for run in runs]).tolist()
+    return dict(offsets=offsets, ids=[i for run in runs for i in sorted(run)])
+
+
+def whole_batch(pairs, late=False):
+    batch = dict(modalities=[uform.Modality.TEXT] * len(TEXTS), contents=list(TEXTS),
+                 temperature_groups=[i % 2 for i in range(len(TEXTS))],
+                 relations=dict(attract=edges(pairs, len(TEXTS)), repel=edges([(0, 2)], len(TEXTS))))
+    if late:
+        batch["sides"] = SIDES
+    return batch
+
+
+def share(batch, first, end):
+    """Items [first, end) of a batch whose edges stay among them, as one process's share: ids local to it."""
+    part = {key: batch[key][first:end] for key in ("modalities", "contents", "temperature_groups", "sides")
+            if key in batch}
+    part["relations"] = {}
+    for name, relation in batch["relations"].items():
+        offsets = relation["offsets"]
+        ids = relation["ids"][offsets[first]:offsets[end]]
+        assert all(first <= i < end for i in ids), "an edge crosses processes"
+        part["relations"][name] = dict(offsets=[o - offsets[first] for o in offsets[first:end + 1]],
+                                       ids=[i - first for i in ids])
+    return part
+
+
+def start(tmp_path, index, count, job, timeout=30.0, **plan):
+    plan = dict(plan, index=index, count=count, directory=str(tmp_path), job=job, timeout=timeout)
+    path = tmp_path / f"plan-{job}-{index}.pickle"
+    path.write_bytes(pickle.dumps(plan))
+    result = tmp_path / f"result-{job}-{index}.pickle"
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.Popen([sys.executable, WORKER, str(path), str(result)], env=environment)
+    return process, result
+
+
+def finish(started, limit=60):
+    """Each process's result, once all have exited, within `limit` seconds."""
+    results = []
+    for process, result in started:
+        try:
+            process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            for other, _ in started:
+                other.kill()
+            raise AssertionError("a mesh process hangs")
+        results.append(pickle.loads(result.read_bytes()) if result.exists() else dict(exit=process.returncode))
+    return results
+
+
+def one_process(trainer_config, batches, devices):
+    """Each step's stats and embeddings, and the weights after, on one process of `devices` simulated devices."""
+    with uform.Executor.for_ram(threads=1, devices=devices) as executor, \
+            uform.Trainer.init_ram(executor, trainer_config) as trainer:
+        steps = [trainer.step(b, dict(arena=uform.Arena())) for b in batches]
+        return [dict(s.stats) for s in steps], [np.array(s.embeddings) for s in steps], trainer._weights()
+
+
+def assert_same_bits(a, b, name):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.tobytes() == b.tobytes(), name
+
+
+CASES = {
+    "contrastive": (config("contrastive", contrastive=dict(temperature_groups=2, matryoshka_dimensions=[64, 128])),
+                    False),
+    "masked": (config("masked"), False),
+    "joint, late interaction": (config("joint", late_interaction=dict(weight=0.5, width=16, max_query_span=8)), True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_train_as_one_process_of_two_devices(tmp_path, case):
+    trainer_config, late = CASES[case]
+    whole = whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)], late)
+    batches = [whole, dict(whole, contents=whole["contents"][::-1]), whole]
+    want_stats, want_embeddings, want_weights = one_process(trainer_config, batches, devices=2)
+    halves = [(0, 4), (4, 8)]
+    started = [start(tmp_path, p, 2, "equal", config=trainer_config, arena=True,
+                     save=str(tmp_path / f"saved-{p}.safetensors"),
+                     batches=[share(b, *halves[p]) for b in batches]) for p in range(2)]
+    results = finish(started)
+    for p, result in enumerate(results):
+        assert "error" not in result, result
+        for step, (want, have) in enumerate(zip(want_stats, result["stats"])):
+            assert have["items"] == 4  # this process's
+            for name in COUNTS:
+                assert have[name] == want[name], (step, name)
+            for name in STATS:
+                if isinstance(want[name], float) and math.isnan(want[name]):
+                    assert math.isnan(have[name]), (step, name)
+                else:
+                    assert_same_bits(have[name], want[name], (step, name))
+            first, end = halves[p]
+            assert_same_bits(result["embeddings"][step], want_embeddings[step][first:end], (step, "embeddings"))
+        assert_same_bits(result["weights"], want_weights, "weights")
+    # Only host domain 0 writes; host domain 1's save succeeds and writes nothing.
+    assert (tmp_path / "saved-0.safetensors").exists() and not (tmp_path / "saved-1.safetensors").exists()
+
+
+@pytest.mark.parametrize("processes,devices", [(3, 1), (2, 2)])
+def test_any_spread_of_devices_over_processes_trains_alike(tmp_path, processes, devices):
+    trainer_config = config("joint", masking=dict(MASKING, text_weight=2.0))
+    # The split gives 3 + 3 + 2 items to three devices, and 2 + 2 + 2 + 2 to four.
+    runs = [(0, 3), (3, 6), (6, 8)] if processes == 3 else [(0, 4), (4, 8)]
+    whole = whole_batch([(0, 1), (3, 4), (6, 7)] if processes == 3 else [(0, 1), (2, 3), (4, 5), (6, 7)])
+    _, _, want_weights = one_process(trainer_config, [whole] * 2, devices=processes * devices)
+    started = [start(tmp_path, p, processes, "spread", config=trainer_config, devices=devices,
+                     batches=[share(whole, *runs[p])] * 2) for p in range(processes)]
+    for result in finish(started):
+        assert "error" not in result, result
+        assert_same_bits(result["weights"], want_weights, "weights")
+
+
+def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains(tmp_path):
+    trainer_config = config("contrastive")
+    whole = whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)])
+    good = [share(whole, 0, 4), share(whole, 4, 8)]
+    bad = dict(good[1], contents=[b"fine", b"", b"fine", b"fine"])
+    started = [start(tmp_path, 0, 2, "refused", config=trainer_config, batches=[good[0]] * 3),
+               start(tmp_path, 1, 2, "refused", config=trainer_config, batches=[good[1], bad, good[1]])]
+    first, second = finish(started)
+    assert "error" not in first and "error" not in second, (first, second)
+    assert "host domain 1 refused its share of the step: batch.contents[1]: empty" in first["stats"][1]["refused"]
+    assert second["stats"][1]["refused"].startswith("batch.contents[1]: empty")
+    assert [s["step"] for s in (first["stats"][0], first["stats"][2])] == [1, 2]
+    assert_same_bits(first["weights"], second["weights"], "weights")
+
+
+def test_processes_of_different_configs_are_refused(tmp_path):
+    started = [start(tmp_path, p, 2, "configs", config=config("contrastive", seed=p), batches=[]) for p in range(2)]
+    for result in finish(started):
+        assert result["error"][0] == "InvalidArgument"
+        assert "config: host domain" in result["error"][1] and "differs" in result["error"][1]
+
+
+def test_a_peer_that_never_comes_ends_the_wait_naming_it(tmp_path):
+    started = [start(tmp_path, p, 3, "absent", timeout=2.0) for p in range(2)]
+    for result in finish(started):
+        assert result["error"][0] == "PeerError", result
+        assert "host domain 2 of 3 never joined within 2 s" in result["error"][1]
+        assert result["seconds"] < 2 + 6
+    assert not (tmp_path / "absent" / "rendezvous").exists()
+
+
+def test_a_peer_waits_for_host_domain_zero_until_its_timeout(tmp_path):
+    (result,) = finish([start(tmp_path, 1, 2, "alone", timeout=1.5)])
+    assert result["error"][0] == "PeerError"
+    assert "host domain 0 did not take host domain 1 in within 1.5 s" in result["error"][1]
+    assert result["seconds"] < 1.5 + 5
+
+
+def test_stale_files_of_an_earlier_run_do_not_confuse_a_new_one(tmp_path):
+    """An earlier run left its file: first pointing where nobody listens, then at a listener of another run."""
+    folder = tmp_path / "stale"
+    folder.mkdir()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen(8)
+    hellos = []
+
+    def serve():  # reads a hello, answers garbage and hangs up, as another run's listener might
+        stranger.settimeout(15)
+        try:
+            while True:
+                peer, _ = stranger.accept()
+                hellos.append(peer.recv(64))
+                peer.sendall(b"\0" * 32)
+                peer.close()
+        except OSError:
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+    host = socket.gethostname()
+    for port in (dead_port, stranger.getsockname()[1]):
+        (folder / "rendezvous").write_text(f"uform-mesh 1\nnonce {'ab' * 16}\ncount 2\nport {port}\nhost {host}\n")
+        peer = start(tmp_path, 1, 2, "stale", timeout=20.0, config=config("contrastive"),
+                     batches=[share(whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)]), 4, 8)])
+        time.sleep(1.0)  # the peer reads the stale file and retries meanwhile
+        first = start(tmp_path, 0, 2, "stale", timeout=20.0, config=config("contrastive"),
+                      batches=[share(whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)]), 0, 4)])
+        for result in finish([first, peer]):
+            assert "error" not in result, result
+            assert result["stats"][0]["step"] == 1
+    stranger.close()
+    assert hellos  # the peer did knock at the stranger's door, and went on
+
+
+@pytest.mark.parametrize("dying", [1, 0])
+def test_a_peer_killed_mid_run_fails_the_others_at_once(tmp_path, dying):
+    trainer_config = config("contrastive")
+    whole = whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)])
+    halves = [share(whole, 0, 4), share(whole, 4, 8)]
+    started = [start(tmp_path, p, 2, "killed", timeout=30.0, config=trainer_config, batches=[halves[p]] * 3,
+                     die_after=1 if p == dying else None) for p in range(2)]
+    results = finish(started)
+    assert results[dying] == dict(exit=3)
+    survivor = results[1 - dying]
+    assert survivor["error"][0] == "PeerError", survivor
+    assert f"host domain {dying} hung up" in survivor["error"][1]
+    assert survivor["seconds"] < 20  # not the 30 s timeout
+
+
+@pytest.mark.parametrize("arguments,field", [
+    (dict(host_domain_index=2, host_domain_count=2), "host_domain_index"),
+    (dict(host_domain_index=0, host_domain_count=2, job="run"), "directory"),
+    (dict(host_domain_index=0, host_domain_count=2, directory="/nonexistent/folder", job="run"), "directory"),
+    (dict(host_domain_index=0, host_domain_count=2, directory="{tmp}"), "job"),
+    (dict(host_domain_index=0, host_domain_count=2, directory="{tmp}", job="a/b"), "job"),
+    (dict(host_domain_index=0, host_domain_count=2, directory="{tmp}", job=".."), "job"),
+    (dict(host_domain_index=0, host_domain_count=2, directory="{tmp}", job="run", timeout=-1.0), "timeout"),
+])
+def test_bad_arguments_are_refused_by_name(tmp_path, arguments, field):
+    arguments = {key: str(tmp_path) if value == "{tmp}" else value for key, value in arguments.items()}
+    with uform.Executor.for_ram(threads=1) as executor:
+        started = time.monotonic()
+        with pytest.raises(uform.InvalidArgument, match=rf"^{field}"):
+            uform.Mesh.bootstrap(executor, **arguments)
+        assert time.monotonic() - started < 1  # refused, not waited on
+
+
+def test_meshes_of_several_processes_are_a_capability():
+    assert "mesh" in uform.capabilities()
