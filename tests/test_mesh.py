@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import uform
+from test_media import picture, png_bytes
 from test_model import MASKING
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_worker.py")
@@ -26,9 +27,15 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(uform.__file__)))
 TEXTS = [b"a small red panda", b"red pandas eat bamboo", b"the sun is a star", b"stars shine at night",
          b"def f(x): return x", b"ok then", b"rivers run to the sea", b"the sea is salty"]
 SIDES = [uform.LateInteractionSide.QUERY, uform.LateInteractionSide.DOCUMENT] * 4
-STATS = ["loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss", "grad_norm",
+# Bags stay within a process's share: the 2-device split of the whole batch cuts it where the halves meet.
+BAGS = [0, 1, 0, 2, 3, 3, 4, 5]
+CHOICES = [b"yn", b"", b"abc", b"", b"xy", b"", b"", b"\x00\xff"]
+CHOICE_TARGETS = [np.array(t, np.float32) for t in ([0.9, 0.1], [], [0.2, 0.5, 0.3], [], [0.5, 0.5], [], [], [1, 0])]
+PNGS = [png_bytes(picture(16 + 8 * (i % 2), 16, seed=i)) for i in range(4)]
+STATS = ["loss", "masked_loss", "contrastive_loss", "late_interaction_loss", "choices_loss", "image_loss", "grad_norm",
          "learning_rate", "inverse_temperatures", "biases"]
-COUNTS = ["step", "skipped", "tokens", "truncated_items", "masked_positions", "contrastive_rows", "query_rows"]
+COUNTS = ["step", "skipped", "tokens", "truncated_items", "masked_positions", "contrastive_rows", "query_rows",
+          "choice_items", "masked_patches"]
 
 
 def config(objective, **extra):
@@ -48,19 +55,18 @@ def edges(pairs, count):
     return dict(offsets=offsets, ids=[i for run in runs for i in sorted(run)])
 
 
-def whole_batch(pairs, late=False):
+def whole_batch(pairs, **extra):
     batch = dict(modalities=[uform.Modality.TEXT] * len(TEXTS), contents=list(TEXTS),
                  temperature_groups=[i % 2 for i in range(len(TEXTS))],
                  relations=dict(attract=edges(pairs, len(TEXTS)), repel=edges([(0, 2)], len(TEXTS))))
-    if late:
-        batch["sides"] = SIDES
+    batch.update(extra)
     return batch
 
 
 def share(batch, first, end):
     """Items [first, end) of a batch whose edges stay among them, as one process's share: ids local to it."""
-    part = {key: batch[key][first:end] for key in ("modalities", "contents", "temperature_groups", "sides")
-            if key in batch}
+    part = {key: batch[key][first:end] for key in ("modalities", "contents", "temperature_groups", "sides", "bags",
+                                                   "choices", "choice_targets") if key in batch}
     part["relations"] = {}
     for name, relation in batch["relations"].items():
         offsets = relation["offsets"]
@@ -108,20 +114,32 @@ def assert_same_bits(a, b, name):
     assert a.shape == b.shape and a.tobytes() == b.tobytes(), name
 
 
+PAIRS = [(0, 1), (2, 3), (4, 5), (6, 7)]
 CASES = {
-    "contrastive": (config("contrastive", contrastive=dict(temperature_groups=2, matryoshka_dimensions=[64, 128])),
-                    False),
-    "masked": (config("masked"), False),
-    "joint, late interaction": (config("joint", late_interaction=dict(weight=0.5, width=16, max_query_span=8)), True),
+    "contrastive, bags": (config("contrastive", contrastive=dict(temperature_groups=2, matryoshka_dimensions=[64, 128])),
+                          dict(bags=BAGS)),
+    "masked": (config("masked"), {}),
+    "joint, late interaction": (config("joint", late_interaction=dict(weight=0.5, width=16, max_query_span=8)),
+                                dict(sides=SIDES, relations=dict(attract=edges(PAIRS, 8),  # queries repel documents
+                                                                 repel=edges([(0, 3), (4, 7)], 8)))),
+    "masked, choices": (config("masked", choices=dict(weight=0.7), batch=dict(max_rows_per_device=4,
+                        max_columns_per_row=32, max_segments_per_device=4, max_choices_per_item=4)),
+                        dict(choices=CHOICES, choice_targets=CHOICE_TARGETS)),
+    "joint, images": (config("joint", batch=dict(max_rows_per_device=8, max_columns_per_row=32,
+                                                 max_segments_per_device=4, image=dict(patch_side=8)),
+                             masking=dict(MASKING, image_mask_ratio=0.5, image_weight=0.7)),
+                      dict(modalities=[uform.Modality.TEXT, uform.Modality.IMAGE] * 4,
+                           contents=[c for pair in zip(TEXTS[::2], PNGS * 2) for c in pair])),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_processes_train_as_one_process_of_two_devices(tmp_path, case):
-    trainer_config, late = CASES[case]
-    whole = whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)], late)
-    batches = [whole, dict(whole, contents=whole["contents"][::-1]), whole]
+    trainer_config, extra = CASES[case]
+    whole = whole_batch(PAIRS, **extra)
+    batches = [whole, dict(whole, contents=whole["contents"][::-1], modalities=whole["modalities"][::-1]), whole]
     want_stats, want_embeddings, want_weights = one_process(trainer_config, batches, devices=2)
+    assert not math.isnan(want_stats[0]["loss"])
     halves = [(0, 4), (4, 8)]
     started = [start(tmp_path, p, 2, "equal", config=trainer_config, arena=True,
                      save=str(tmp_path / f"saved-{p}.safetensors"),
@@ -150,7 +168,7 @@ def test_any_spread_of_devices_over_processes_trains_alike(tmp_path, processes, 
     trainer_config = config("joint", masking=dict(MASKING, text_weight=2.0))
     # The split gives 3 + 3 + 2 items to three devices, and 2 + 2 + 2 + 2 to four.
     runs = [(0, 3), (3, 6), (6, 8)] if processes == 3 else [(0, 4), (4, 8)]
-    whole = whole_batch([(0, 1), (3, 4), (6, 7)] if processes == 3 else [(0, 1), (2, 3), (4, 5), (6, 7)])
+    whole = whole_batch([(0, 1), (3, 4), (6, 7)] if processes == 3 else PAIRS)
     _, _, want_weights = one_process(trainer_config, [whole] * 2, devices=processes * devices)
     started = [start(tmp_path, p, processes, "spread", config=trainer_config, devices=devices,
                      batches=[share(whole, *runs[p])] * 2) for p in range(processes)]
@@ -161,7 +179,7 @@ def test_any_spread_of_devices_over_processes_trains_alike(tmp_path, processes, 
 
 def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains(tmp_path):
     trainer_config = config("contrastive")
-    whole = whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)])
+    whole = whole_batch(PAIRS)
     good = [share(whole, 0, 4), share(whole, 4, 8)]
     bad = dict(good[1], contents=[b"fine", b"", b"fine", b"fine"])
     started = [start(tmp_path, 0, 2, "refused", config=trainer_config, batches=[good[0]] * 3),
@@ -226,10 +244,10 @@ def test_stale_files_of_an_earlier_run_do_not_confuse_a_new_one(tmp_path):
     for port in (dead_port, stranger.getsockname()[1]):
         (folder / "rendezvous").write_text(f"uform-mesh 1\nnonce {'ab' * 16}\ncount 2\nport {port}\nhost {host}\n")
         peer = start(tmp_path, 1, 2, "stale", timeout=20.0, config=config("contrastive"),
-                     batches=[share(whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)]), 4, 8)])
+                     batches=[share(whole_batch(PAIRS), 4, 8)])
         time.sleep(1.0)  # the peer reads the stale file and retries meanwhile
         first = start(tmp_path, 0, 2, "stale", timeout=20.0, config=config("contrastive"),
-                      batches=[share(whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)]), 0, 4)])
+                      batches=[share(whole_batch(PAIRS), 0, 4)])
         for result in finish([first, peer]):
             assert "error" not in result, result
             assert result["stats"][0]["step"] == 1
@@ -240,7 +258,7 @@ def test_stale_files_of_an_earlier_run_do_not_confuse_a_new_one(tmp_path):
 @pytest.mark.parametrize("dying", [1, 0])
 def test_a_peer_killed_mid_run_fails_the_others_at_once(tmp_path, dying):
     trainer_config = config("contrastive")
-    whole = whole_batch([(0, 1), (2, 3), (4, 5), (6, 7)])
+    whole = whole_batch(PAIRS)
     halves = [share(whole, 0, 4), share(whole, 4, 8)]
     started = [start(tmp_path, p, 2, "killed", timeout=30.0, config=trainer_config, batches=[halves[p]] * 3,
                      die_after=1 if p == dying else None) for p in range(2)]
