@@ -290,3 +290,33 @@ def test_bad_arguments_are_refused_by_name(tmp_path, arguments, field):
 
 def test_meshes_of_several_processes_are_a_capability():
     assert "mesh" in uform.capabilities()
+
+
+def test_processes_must_start_from_one_checkpoint(tmp_path):
+    trainer_config = config("contrastive")
+    whole = whole_batch(PAIRS)
+    paths = [str(tmp_path / f"step-{n}.safetensors") for n in (1, 2)]
+    with uform.Executor.for_ram(threads=1, devices=2) as executor, \
+            uform.Trainer.init_ram(executor, trainer_config) as trainer:
+        for path in paths:
+            trainer.step(whole)
+            trainer.save(path)
+    started = [start(tmp_path, p, 2, "resumed", config=dict(trainer_config, resume=paths[p]), batches=[])
+               for p in range(2)]
+    for result in finish(started):
+        assert result["error"][0] == "InvalidArgument", result
+        assert "config.resume: host domain" in result["error"][1] and "starts at step" in result["error"][1]
+    # One process that cannot read its checkpoint fails them all, at once, naming it.
+    missing = str(tmp_path / "missing.safetensors")
+    started = [start(tmp_path, p, 2, "missing", config=dict(trainer_config, resume=paths[1] if p == 0 else missing),
+                     batches=[share(whole, 0, 4) if p == 0 else share(whole, 4, 8)]) for p in range(2)]
+    first, second = finish(started)
+    assert second["error"][0] == first["error"][0] == "StorageError", (first, second)
+    assert first["error"][1].startswith("host domain 1 could not make its trainer: ") and "missing" in first["error"][1]
+    assert first["seconds"] < 20
+    # The same checkpoint on both resumes the run: the next step is the third.
+    started = [start(tmp_path, p, 2, "same", config=dict(trainer_config, resume=paths[1]),
+                     batches=[share(whole, 4 * p, 4 * p + 4)]) for p in range(2)]
+    for result in finish(started):
+        assert "error" not in result, result
+        assert result["stats"][0]["step"] == 3

@@ -492,7 +492,9 @@ typedef struct uform_mesh_bootstrap_t {
  *  `uform_executor_init_ram_devices` says; the gather of embeddings and token vectors, the scatter of their gradients
  *  and the all-reduce cross processes through host domain 0 in that global order, so processes of one device each,
  *  given shares of a batch, train bit for bit as one process of as many devices given all of it. Every process must
- *  make its trainer with the same config (refused by name otherwise) on the executor it joined with.
+ *  make its trainer with the same config, on the executor it joined with, resuming the same checkpoint if any: a
+ *  config that differs, or a start at another step or from other weights, is refused on every process by name, and
+ *  so is a trainer any one process could not make.
  *
  *  @param[in] executor The devices this process brings.
  *  @param[in] config Where and how to meet.

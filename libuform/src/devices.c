@@ -319,7 +319,10 @@ static uform_status_t uform_spread_count(uform_spread_t* s, uform_status_t statu
     s->first_item = 0;
     size_t at = 0;
     for (uint32_t p = 0; status == uform_status_success_k && p != s->mesh->host_domain_index; at += s->sizes[p++]) {
-        memcpy(&items, gathered + at + sizeof(code), sizeof(items));
+        if (s->sizes[p] != sizeof(code) + sizeof(items))
+            status = uform_fail(error, uform_status_peer_k, "mesh: host domain %u counted its items in %zu bytes", p,
+                                s->sizes[p]);
+        else memcpy(&items, gathered + at + sizeof(code), sizeof(items));
         s->first_item += items;
     }
     if (gathered != mine.data) free(gathered);
@@ -402,7 +405,8 @@ static void uform_spread_read_edges(uform_reader_t* r, uform_whole_edges_t* whol
         for (size_t i = 0; i != count + 1; ++i) {
             uint32_t offset = 0;
             if (present) uform_bytes_get(r, &offset, sizeof(offset));
-            if (!sizing) whole->offsets[k][first + i] = (uint32_t)(base + offset); /* the next process's first rewrites the last */
+            /* The last offset of one process is the first of the next, which writes it again alike. */
+            if (!sizing) whole->offsets[k][first + i] = (uint32_t)(base + offset);
         }
         if (sizing) uform_bytes_get(r, NULL, ids * sizeof(uint32_t));
         else uform_bytes_get(r, whole->ids[k] + base, ids * sizeof(uint32_t));
@@ -449,7 +453,8 @@ static uform_status_t uform_spread_read(uform_spread_t* s, uform_config_t const*
             whole->masked_count += summary.masked, whole->choices_count += summary.choices;
             whole->longest = summary.longest > whole->longest ? summary.longest : whole->longest;
             for (int kind = 0; kind != uform_media_kinds_k; ++kind)
-                whole->media_shown[kind] += summary.media_shown[kind], whole->media_hidden[kind] += summary.media_hidden[kind];
+                whole->media_shown[kind] += summary.media_shown[kind],
+                    whole->media_hidden[kind] += summary.media_hidden[kind];
             uform_bytes_get(&r, sizing ? NULL : whole->groups + item, summary.items * sizeof(uint32_t));
             if (late) {
                 uform_bytes_get(&r, sizing ? NULL : whole->sides + item, summary.items);
@@ -570,7 +575,8 @@ uform_status_t uform_spread_pack(uform_spread_t* s, uform_config_t const* config
 static uform_status_t uform_spread_exchange(uform_spread_t* s, void* context, float* all, size_t const* firsts,
                                             size_t width, char const** error) {
     uint32_t me = s->mesh->host_domain_index;
-    size_t first = firsts[s->process_devices[me]], bytes = (firsts[s->process_devices[me + 1]] - first) * width * sizeof(float);
+    size_t first = firsts[s->process_devices[me]], end = firsts[s->process_devices[me + 1]];
+    size_t bytes = (end - first) * width * sizeof(float);
     float* mine = malloc(bytes + 1);
     if (!mine) return uform_fail(error, uform_status_out_of_memory_k, "no memory to gather %zu bytes", bytes);
     uform_status_t status = s->backend->download(context, mine, all + first * width, bytes);
@@ -632,7 +638,8 @@ static uform_status_t uform_spread_terms_broadcast(uform_spread_t* s, uform_layo
         if (pooled) status = b->download(s->context, d_pooled, s->d_pooled, pooled * sizeof(float));
         if (pooled && status == uform_status_success_k)
             status = b->download(s->context, normalized, s->normalized, pooled * sizeof(float));
-        if (late && status == uform_status_success_k) status = b->download(s->context, d_late, s->d_late_unit, late * sizeof(float));
+        if (late && status == uform_status_success_k)
+            status = b->download(s->context, d_late, s->d_late_unit, late * sizeof(float));
         if (status != uform_status_success_k) status = uform_fail(error, status, "%s", uform_message());
     }
     if (status == uform_status_success_k) status = uform_mesh_broadcast(s->mesh, host, bytes, error);
@@ -643,7 +650,8 @@ static uform_status_t uform_spread_terms_broadcast(uform_spread_t* s, uform_layo
         if (pooled) status = b->upload(s->context, s->d_pooled, d_pooled, pooled * sizeof(float));
         if (pooled && status == uform_status_success_k)
             status = b->upload(s->context, s->normalized, normalized, pooled * sizeof(float));
-        if (late && status == uform_status_success_k) status = b->upload(s->context, s->d_late_unit, d_late, late * sizeof(float));
+        if (late && status == uform_status_success_k)
+            status = b->upload(s->context, s->d_late_unit, d_late, late * sizeof(float));
         if (status == uform_status_success_k) status = b->synchronize(s->context); /* before `host` goes */
         if (status != uform_status_success_k) status = uform_fail(error, status, "%s", uform_message());
     }
@@ -702,8 +710,9 @@ static uform_status_t uform_spread_all_reduce(uform_spread_t* s, uform_layout_t 
         shares[d][uform_shared_choices_k] = uform_spread_mean(own[uform_scalar_choices_loss_k], p->choices_count,
                                                               whole->choices_count, t->choices_ran);
         for (int kind = 0; kind != uform_media_kinds_k; ++kind)
-            shares[d][uform_shared_media_k + kind] = uform_spread_mean(
-                own[uform_scalar_media_loss_k + kind], p->media_hidden[kind], whole->media_hidden[kind], t->media_ran[kind]);
+            shares[d][uform_shared_media_k + kind] = uform_spread_mean(own[uform_scalar_media_loss_k + kind],
+                                                                       p->media_hidden[kind], whole->media_hidden[kind],
+                                                                       t->media_ran[kind]);
     }
     uint8_t* gathered = (uint8_t*)shares;
     if (s->mesh) {

@@ -141,15 +141,16 @@ static uform_status_t uform_sockets_all_gather(void* link, void const* mine, siz
                                                size_t* sizes, char const** error) {
     uform_sockets_t* s = link;
     uint32_t count = s->count;
-    char const* doing = "gathering a step's parts";
+    char const* doing = "gathering every process's part";
     *gathered = NULL;
     if (s->index) { /* send mine, then read every part behind their sizes */
         uint64_t length;
         UFORM_TRY(uform_frame_write(s, 0, mine, bytes, doing, error));
         UFORM_TRY(uform_frame_length(s, 0, &length, doing, error));
-        uint8_t* all = length >= count * sizeof(uint64_t) ? malloc(length) : NULL;
+        int sized = length >= count * sizeof(uint64_t);
+        uint8_t* all = sized ? malloc(length) : NULL;
         if (!all)
-            return uform_fail(error, length >= count * sizeof(uint64_t) ? uform_status_out_of_memory_k : uform_status_peer_k,
+            return uform_fail(error, sized ? uform_status_out_of_memory_k : uform_status_peer_k,
                               "mesh: %llu gathered bytes from host domain 0", (unsigned long long)length);
         uform_status_t status = uform_socket_read(s->peers[0], all, length, uform_now() + s->timeout, 0, doing, error);
         uint64_t total = count * sizeof(uint64_t);
@@ -349,10 +350,12 @@ static uform_status_t uform_meeting_check(uform_meeting_t* m, uform_mesh_bootstr
     return uform_status_success_k;
 }
 
-static int uform_socket_nonblocking(int socket) {
+/* Every wait is a poll with a deadline, so sockets never block; a program the caller starts does not inherit them,
+   so a process that dies closes its sockets and its peers learn it at once. */
+static int uform_socket_prepare(int socket) {
     int flags = fcntl(socket, F_GETFL, 0), on = 1;
     setsockopt(socket, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on)); /* frames are small and awaited one by one */
-    return flags >= 0 && fcntl(socket, F_SETFL, flags | O_NONBLOCK) == 0;
+    return flags >= 0 && fcntl(socket, F_SETFL, flags | O_NONBLOCK) == 0 && fcntl(socket, F_SETFD, FD_CLOEXEC) == 0;
 }
 
 static void uform_nonce_draw(uint8_t nonce[16]) {
@@ -427,7 +430,7 @@ static int uform_connect(char const* host, unsigned port, double deadline, char*
         return -1;
     }
     int made = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
-    if (made < 0 || !uform_socket_nonblocking(made)) {
+    if (made < 0 || !uform_socket_prepare(made)) {
         snprintf(why, capacity, "socket: %s", strerror(errno));
         if (made >= 0) close(made);
         freeaddrinfo(found);
@@ -470,7 +473,7 @@ static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_socket
     socklen_t length = sizeof(address);
     if (listener < 0 || setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
         bind(listener, (struct sockaddr*)&address, sizeof(address)) != 0 || listen(listener, (int)m->count) != 0 ||
-        getsockname(listener, (struct sockaddr*)&address, &length) != 0 || !uform_socket_nonblocking(listener)) {
+        getsockname(listener, (struct sockaddr*)&address, &length) != 0 || !uform_socket_prepare(listener)) {
         int why = errno;
         if (listener >= 0) close(listener);
         return uform_fail(error, uform_status_io_k, "mesh: cannot listen for peers: %s", strerror(why));
@@ -485,7 +488,7 @@ static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_socket
         struct pollfd wanted = {.fd = listener, .events = POLLIN};
         if (poll(&wanted, 1, (int)(left * 1000) + 1) <= 0) continue;
         int peer = accept(listener, NULL, NULL);
-        if (peer < 0 || !uform_socket_nonblocking(peer)) {
+        if (peer < 0 || !uform_socket_prepare(peer)) {
             if (peer >= 0) close(peer);
             continue;
         }
@@ -588,7 +591,8 @@ static uform_status_t uform_mesh_meet(uform_mesh_bootstrap_t const* config, uint
     }
     s->index = meeting.index, s->count = count, s->peers = peers, s->timeout = meeting.timeout;
     for (uint32_t p = 0; p != count; ++p) peers[p] = -1;
-    uform_status_t status = meeting.index ? uform_meet_as_peer(&meeting, s, error) : uform_meet_as_first(&meeting, s, error);
+    uform_status_t status =
+        meeting.index ? uform_meet_as_peer(&meeting, s, error) : uform_meet_as_first(&meeting, s, error);
     if (status != uform_status_success_k) uform_sockets_close(s);
     else *link = s;
     return status;

@@ -26,6 +26,7 @@ typedef struct uform_trainer_s {
     uform_spread_t* spread; /* the other simulated devices of a RAM executor of several; NULL on one device */
     uform_trainer_t self; /* the handle callers know it by: what decoded media name as their trainer */
     uint64_t step; /* updates applied so far */
+    uint64_t fingerprint; /* a hash of the weights and moments it started from, for a mesh's processes to compare */
     char config_json[4096];
 } uform_trainer_s;
 
@@ -70,6 +71,13 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
                                              : tensor->init_value;
         }
     }
+    uint64_t fingerprint = 0;
+    for (size_t i = 0; i != 3 * layout->total && status == uform_status_success_k; ++i) {
+        uint32_t bits;
+        memcpy(&bits, &host[i], sizeof(bits));
+        fingerprint = uform_mix(fingerprint ^ bits);
+    }
+    trainer->fingerprint = fingerprint;
     /* Every device starts from the same weights and moments, and the same summed updates keep them equal. */
     for (uint32_t d = 0; d != uform_trainer_devices(trainer) && status == uform_status_success_k; ++d) {
         replica = uform_trainer_replica(trainer, d);
@@ -84,38 +92,82 @@ static uform_status_t uform_trainer_start(uform_trainer_s* trainer, char const**
     return status;
 }
 
+/* Shares `payload` with every process of the trainer's mesh, or where this process failed, its message: all fail when
+   any failed, naming it. Each process's block lands in `*gathered` (freed by the caller) as its status, then its
+   payload, `sizes` bytes in all. */
+static uform_status_t uform_trainer_share(uform_trainer_s* trainer, uform_status_t status, void const* payload,
+                                          size_t bytes, uint8_t** gathered, size_t* sizes, char const** error) {
+    uint32_t code = (uint32_t)status;
+    char const* message = uform_message();
+    size_t length = status == uform_status_success_k ? bytes : strlen(message);
+    char* mine = malloc(4 + length);
+    *gathered = NULL;
+    if (!mine) return uform_fail(error, uform_status_out_of_memory_k, "no memory to agree with the mesh");
+    memcpy(mine, &code, 4), memcpy(mine + 4, status == uform_status_success_k ? payload : message, length);
+    uform_status_t shared = uform_mesh_all_gather(trainer->mesh, mine, 4 + length, gathered, sizes, error);
+    free(mine);
+    if (shared != uform_status_success_k || status != uform_status_success_k)
+        return shared != uform_status_success_k ? shared : uform_fail(error, status, "%s", message);
+    size_t at = 0;
+    for (uint32_t p = 0; p != trainer->mesh->host_domain_count; at += sizes[p++]) {
+        if (sizes[p] >= 4) memcpy(&code, *gathered + at, 4);
+        if (sizes[p] < 4 || code != uform_status_success_k)
+            return uform_fail(error, sizes[p] < 4 ? uform_status_peer_k : (uform_status_t)code,
+                              "host domain %u could not make its trainer: %.*s", p, (int)(sizes[p] > 4 ? sizes[p] - 4 : 0),
+                              (char const*)*gathered + at + 4);
+    }
+    return uform_status_success_k;
+}
+
 /* On a mesh of several processes, every process's trainer must train the same model: the processes share their
-   configs (or why they could not make one) and the devices each brings, and all fail if any failed or differs. */
-static uform_status_t uform_trainer_agree(uform_trainer_s* trainer, uform_status_t status, uint32_t** devices_of,
+   configs (or why they could not make one) and the devices each brings. */
+static uform_status_t uform_trainer_agree(uform_trainer_s* trainer, uform_status_t status, uint32_t* devices_of,
                                           char const** error) {
     uform_mesh_s* mesh = trainer->mesh;
-    uint32_t count = mesh->host_domain_count, code = (uint32_t)status, devices = trainer->executor->devices;
-    char const* text = status == uform_status_success_k ? trainer->config_json : uform_message();
-    size_t length = strlen(text), bytes = 2 * sizeof(uint32_t) + length, at = 0;
-    char* mine = malloc(bytes);
-    size_t* sizes = calloc(count, sizeof(size_t));
-    *devices_of = calloc(count, sizeof(uint32_t));
-    if (!mine || !sizes || !*devices_of) {
-        free(mine), free(sizes), free(*devices_of), *devices_of = NULL;
+    size_t length = strlen(trainer->config_json), at = 0, *sizes = calloc(mesh->host_domain_count, sizeof(size_t));
+    char* mine = malloc(4 + length);
+    if (!mine || !sizes) {
+        free(mine), free(sizes);
         return uform_fail(error, uform_status_out_of_memory_k, "no memory to agree on the config");
     }
-    memcpy(mine, &code, 4), memcpy(mine + 4, &devices, 4), memcpy(mine + 8, text, length);
+    memcpy(mine, &trainer->executor->devices, 4), memcpy(mine + 4, trainer->config_json, length);
     uint8_t* gathered = NULL;
-    uform_status_t shared = uform_mesh_all_gather(mesh, mine, bytes, &gathered, sizes, error);
-    if (shared != uform_status_success_k) status = shared;
-    for (uint32_t p = 0; p != count && status == uform_status_success_k; at += sizes[p++]) {
-        char const* theirs = (char const*)gathered + at;
-        memcpy(&code, theirs, 4), memcpy(&(*devices_of)[p], theirs + 4, 4);
-        if (code != uform_status_success_k)
-            status = uform_fail(error, (uform_status_t)code, "host domain %u could not make its trainer: %.*s", p,
-                                (int)(sizes[p] - 8), theirs + 8);
-        else if (sizes[p] - 8 != length || memcmp(theirs + 8, trainer->config_json, length))
+    status = uform_trainer_share(trainer, status, mine, 4 + length, &gathered, sizes, error);
+    for (uint32_t p = 0; p != mesh->host_domain_count && status == uform_status_success_k; at += sizes[p++]) {
+        char const* theirs = (char const*)gathered + at + 4;
+        size_t their_length = sizes[p] >= 8 ? sizes[p] - 8 : 0;
+        if (sizes[p] >= 8) memcpy(&devices_of[p], theirs, 4);
+        if (sizes[p] < 8 || !devices_of[p] || devices_of[p] > 64)
+            status = uform_fail(error, uform_status_peer_k, "mesh: host domain %u sent %zu bytes of its config", p,
+                                sizes[p]);
+        else if (their_length != length || memcmp(theirs + 4, trainer->config_json, length))
             status = uform_fail(error, uform_status_invalid_argument_k, "config: host domain %u's differs from host "
                                 "domain %u's; every process of a mesh trains one model: %.*s", p,
-                                mesh->host_domain_index, (int)(sizes[p] - 8), theirs + 8);
+                                mesh->host_domain_index, (int)their_length, theirs + 4);
     }
     free(mine), free(sizes), free(gathered);
-    if (status != uform_status_success_k) free(*devices_of), *devices_of = NULL;
+    return status;
+}
+
+/* Once started, the processes compare where they start from: the same step, weights and moments, which a run resumed
+   from different checkpoints would not have. */
+static uform_status_t uform_trainer_agree_start(uform_trainer_s* trainer, uform_status_t status, char const** error) {
+    uform_mesh_s* mesh = trainer->mesh;
+    uint64_t mine[2] = {trainer->step, trainer->fingerprint};
+    size_t at = 0, *sizes = calloc(mesh->host_domain_count, sizeof(size_t));
+    if (!sizes) return uform_fail(error, uform_status_out_of_memory_k, "no memory to agree on the start");
+    uint8_t* gathered = NULL;
+    status = uform_trainer_share(trainer, status, mine, sizeof(mine), &gathered, sizes, error);
+    for (uint32_t p = 0; p != mesh->host_domain_count && status == uform_status_success_k; at += sizes[p++]) {
+        uint64_t theirs[2] = {0, 0};
+        if (sizes[p] == 4 + sizeof(theirs)) memcpy(theirs, gathered + at + 4, sizeof(theirs));
+        if (sizes[p] != 4 + sizeof(theirs) || theirs[0] != mine[0] || theirs[1] != mine[1])
+            status = uform_fail(error, uform_status_invalid_argument_k, "config.resume: host domain %u starts at step "
+                                "%llu, host domain %u at step %llu%s; every process of a mesh starts from the same "
+                                "checkpoint", p, (unsigned long long)theirs[0], mesh->host_domain_index,
+                                (unsigned long long)mine[0], theirs[0] == mine[0] ? ", from other weights" : "");
+    }
+    free(sizes), free(gathered);
     return status;
 }
 
@@ -133,20 +185,24 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
                                              &made->packed, error);
     if (status == uform_status_success_k)
         uform_config_to_json(&made->config, made->config_json, sizeof(made->config_json));
-    int several = mesh && mesh->transport;
-    uint32_t* devices_of = NULL;
-    int agreed = 0;
-    if (several) status = uform_trainer_agree(made, status, &devices_of, error), agreed = status == uform_status_success_k;
+    /* On a mesh of several processes, every process meets every other twice, whatever failed on its own side, so
+       that all fail alike and none waits for a trainer another process gave up on. */
+    int several = mesh && mesh->transport, agreed = 0;
+    uint32_t* devices_of = several ? calloc(mesh->host_domain_count, sizeof(uint32_t)) : NULL;
+    if (several && !devices_of)
+        status = uform_fail(error, uform_status_out_of_memory_k, "no memory for %u processes", mesh->host_domain_count);
+    if (several) status = uform_trainer_agree(made, status, devices_of, error), agreed = status == uform_status_success_k;
     if (status == uform_status_success_k && (executor->devices > 1 || several))
         status = uform_spread_init(&made->spread, executor, &made->config, &made->layout, &made->replica,
                                    &made->packed, several ? mesh : NULL, devices_of, error);
     free(devices_of);
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
+    if (agreed) status = uform_trainer_agree_start(made, status, error), agreed = status == uform_status_success_k;
     if (status == uform_status_success_k) {
         status = uform_handles_add(made, uform_handle_trainer_k, trainer, error);
         if (status == uform_status_success_k) made->self = *trainer;
     }
-    /* Past the agreement every process counts on every other's trainer: one that fails hangs up on them. */
+    /* Past the agreements every process counts on every other's trainer: one that fails hangs up on them. */
     if (status != uform_status_success_k && agreed) uform_mesh_break(mesh);
     if (status != uform_status_success_k) uform_trainer_release(made);
     return status;
@@ -381,7 +437,8 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     if (step->embeddings) {
         /* Spread over devices, the gathered embeddings are in item order; this process's run of them is the caller's. */
         int contrastive = terms.contrastive_ran;
-        size_t first = spread ? spread->first_item * layout->hidden : 0, items = spread ? spread->items : counted->segments_count;
+        size_t first = spread ? spread->first_item * layout->hidden : 0;
+        size_t items = spread ? spread->items : counted->segments_count;
         float const* normalized = (spread ? spread->normalized : replica->normalized) + first;
         float const* pooled = (spread ? spread->pooled : replica->pooled) + first;
         status = uform_embeddings_export(replica, contrastive ? normalized : pooled, items, layout->hidden,
