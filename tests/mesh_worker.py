@@ -3,7 +3,8 @@
 PLAN is a pickled dict: `index`, `count`, `directory`, `job`, `timeout`, and optionally `config` and `batches` (this
 process's share of each step), `threads`, `devices`, `arena`, `save` (a path every process saves to after the
 steps), `die_after` (exit at once after that many steps, as a killed process would). RESULT receives a pickled
-dict: `stats` (one dict per step, or `refused` with the message of a step refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
+dict: `mesh` (its index, count and repr), `stats` (one dict per step, or `refused` with the message of a step
+refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
 what uform raised) and `seconds`, the time spent until then.
 """
 import os
@@ -21,8 +22,9 @@ def run(plan):
     with uform.Executor.for_ram(threads=plan.get("threads", 1), devices=plan.get("devices", 1)) as executor, \
             uform.Mesh.bootstrap(executor, plan["index"], plan["count"], plan["directory"], plan["job"],
                                  timeout=plan["timeout"]) as mesh:
+        joined = (mesh.host_domain_index, mesh.host_domain_count, repr(mesh))
         if "config" not in plan:
-            return dict(stats=[], embeddings=[], weights=None)
+            return dict(stats=[], embeddings=[], weights=None, mesh=joined)
         with uform.Trainer.init_ram(executor, plan["config"], mesh) as trainer:
             for number, batch in enumerate(plan["batches"]):
                 if plan.get("die_after") == number:
@@ -37,7 +39,7 @@ def run(plan):
                 embeddings.append(np.array(stepped.embeddings) if plan.get("arena") else None)
             if plan.get("save"):
                 trainer.save(plan["save"])
-            return dict(stats=steps, embeddings=embeddings, weights=trainer._weights())
+            return dict(stats=steps, embeddings=embeddings, weights=trainer._weights(), mesh=joined)
 
 
 def main():

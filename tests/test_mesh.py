@@ -147,6 +147,7 @@ def test_two_processes_train_as_one_process_of_two_devices(tmp_path, case):
     results = finish(started)
     for p, result in enumerate(results):
         assert "error" not in result, result
+        assert result["mesh"] == (p, 2, f"<uform.Mesh {p} of 2>")
         for step, (want, have) in enumerate(zip(want_stats, result["stats"])):
             assert have["items"] == 4  # this process's
             for name in COUNTS:
@@ -290,6 +291,8 @@ def test_bad_arguments_are_refused_by_name(tmp_path, arguments, field):
 
 def test_meshes_of_several_processes_are_a_capability():
     assert "mesh" in uform.capabilities()
+    with uform.Executor.for_ram(threads=1) as executor, uform.Mesh.bootstrap(executor) as alone:
+        assert (alone.host_domain_index, alone.host_domain_count) == (0, 1)
 
 
 def test_processes_must_start_from_one_checkpoint(tmp_path):

@@ -390,6 +390,7 @@ class Mesh(_Native):
         native = _native.MeshHandle.bootstrap(executor._handle(), index, count, folder, name, seconds)
         mesh = cls.__new__(cls)
         mesh._native = native
+        mesh._index, mesh._count = index, max(count, 1)
         mesh._executor = executor
         mesh._borrowers = weakref.WeakSet()
         executor._borrowers.add(mesh)
@@ -401,6 +402,16 @@ class Mesh(_Native):
     def executor(self) -> Optional[Executor]:
         """The executor whose devices this process brings; None once freed."""
         return self._executor
+
+    @property
+    def host_domain_index(self) -> int:
+        """This process's index in the run: what `uform.data.Stream`'s `process_index` takes."""
+        return self._index
+
+    @property
+    def host_domain_count(self) -> int:
+        """The processes in the run: what `uform.data.Stream`'s `process_count` takes."""
+        return self._count
 
     def free(self) -> None:
         """Frees the mesh; harmless when already freed. Raises `uform.Busy` while a live trainer borrows it."""
@@ -414,7 +425,7 @@ class Mesh(_Native):
         self._executor = None
 
     def __repr__(self) -> str:
-        return f"<uform.Mesh{'' if self._native is not None else ' freed'}>"
+        return f"<uform.Mesh {self._index} of {self._count}{'' if self._native is not None else ' freed'}>"
 
 
 class Decoded:
@@ -642,7 +653,8 @@ class Trainer(_OnExecutor):
         `weights_only=True` leaves the moments out, for release: a third of the size, loaded by
         `Encoder.load`, refused by `resume` (`InvalidCheckpoint`). `note`, text of at most
         `MAX_NOTE_BYTES` (1 MiB) as UTF-8, rides in the file's metadata for `checkpoint_note` to read
-        back; empty is none.
+        back; empty is none. On a mesh of several processes only host domain 0 writes; on the others,
+        which hold the same weights, it returns at once and writes nothing.
         """
         call = self._save_call(path, weights_only, note)
         self._worker().run(call, "save")
