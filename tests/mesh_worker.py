@@ -2,10 +2,10 @@
 
 PLAN is a pickled dict: `index`, `count`, `directory`, `job`, `timeout`, and optionally `config` and `batches` (this
 process's share of each step), `threads`, `devices`, `arena`, `save` (a path every process saves to after the
-steps), `die_after` (exit at once after that many steps, as a killed process would). RESULT receives a pickled
+steps), `die_after` (exit at once after that many steps, as a killed process would), `stall_after` (sleep `stall` seconds before that step). RESULT receives a pickled
 dict: `mesh` (its index, count and repr), `stats` (one dict per step, or `refused` with the message of a step
 refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
-what uform raised) and `seconds`, the time spent until then.
+what uform raised), `waited` (how long the verb that raised it ran) and `seconds`, the time spent until then.
 """
 import os
 import pickle
@@ -15,6 +15,9 @@ import time
 import numpy as np
 
 import uform
+
+
+CALLED = [0.0]  # when the last verb was called, so a failure tells how long that verb waited
 
 
 def run(plan):
@@ -29,7 +32,10 @@ def run(plan):
             for number, batch in enumerate(plan["batches"]):
                 if plan.get("die_after") == number:
                     os._exit(3)
+                if plan.get("stall_after") == number:  # alive, but silent past the mesh's timeout
+                    time.sleep(plan["stall"])
                 try:
+                    CALLED[0] = time.monotonic()
                     stepped = trainer.step(batch, dict(arena=uform.Arena()) if plan.get("arena") else None)
                 except uform.InvalidArgument as refused:  # every process refuses a share any one refuses
                     steps.append(dict(refused=str(refused)))
@@ -49,7 +55,7 @@ def main():
     try:
         result = run(plan)
     except uform.Error as error:
-        result = dict(error=(type(error).__name__, str(error)))
+        result = dict(error=(type(error).__name__, str(error)), waited=time.monotonic() - (CALLED[0] or start))
     result["seconds"] = time.monotonic() - start
     with open(sys.argv[2] + ".partial", "wb") as file:
         pickle.dump(result, file)

@@ -201,11 +201,11 @@ def test_processes_of_different_configs_are_refused(tmp_path):
 
 
 def test_a_peer_that_never_comes_ends_the_wait_naming_it(tmp_path):
-    started = [start(tmp_path, p, 3, "absent", timeout=2.0) for p in range(2)]
+    started = [start(tmp_path, p, 3, "absent", timeout=4.0) for p in range(2)]
     for result in finish(started):
         assert result["error"][0] == "PeerError", result
-        assert "host domain 2 of 3 never joined within 2 s" in result["error"][1]
-        assert result["seconds"] < 2 + 6
+        assert "host domain 2 of 3 never joined within 4 s" in result["error"][1]
+        assert result["seconds"] < 4 + 6
     assert not (tmp_path / "absent" / "rendezvous").exists()
 
 
@@ -269,6 +269,20 @@ def test_a_peer_killed_mid_run_fails_the_others_at_once(tmp_path, dying):
     assert survivor["error"][0] == "PeerError", survivor
     assert f"host domain {dying} hung up" in survivor["error"][1]
     assert survivor["seconds"] < 20  # not the 30 s timeout
+
+
+def test_a_peer_silent_past_the_timeout_fails_the_step_naming_it(tmp_path):
+    trainer_config = config("contrastive")
+    whole = whole_batch(PAIRS)
+    started = [start(tmp_path, p, 2, "silent", timeout=3.0, config=trainer_config,
+                     batches=[share(whole, 4 * p, 4 * p + 4)] * 2, stall_after=1 if p else None, stall=6)
+               for p in range(2)]
+    first, second = finish(started)
+    assert first["error"][0] == "PeerError", first
+    assert "host domain 1 did not answer within the timeout" in first["error"][1]
+    assert 3 <= first["waited"] < 3 + 2  # the mesh's timeout, not the peer's sleep
+    # The silent one finds host domain 0 gone once it speaks again.
+    assert second["error"][0] == "PeerError" and "host domain 0 hung up" in second["error"][1], second
 
 
 @pytest.mark.parametrize("arguments,field", [
