@@ -411,7 +411,7 @@ static int uform_rendezvous_read(uform_meeting_t const* m, uint8_t nonce[16], ch
         return 0;
     }
     for (int i = 0; i != 16; ++i) {
-        unsigned byte;
+        unsigned byte = 0; /* a digit that is not hex reads as a nonce no listener holds */
         sscanf(hex + 2 * i, "%2x", &byte);
         nonce[i] = (uint8_t)byte;
     }
