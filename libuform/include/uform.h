@@ -509,7 +509,8 @@ UFORM_API uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_m
                                               uform_mesh_t* mesh, char const** error);
 
 /**
- *  @brief Frees a mesh and lets go of its executor.
+ *  @brief Frees a mesh and lets go of its executor. A mesh of several processes closes its sockets: a peer that
+ *  still steps on it fails at its next exchange with `uform_status_peer_k`, naming this host domain.
  *  @return `uform_status_busy_k` while a trainer borrows it; `uform_status_invalid_handle_k` for NULL.
  */
 UFORM_API uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
