@@ -2,8 +2,9 @@
 
 PLAN is a pickled dict: `index`, `count`, `directory`, `job`, `timeout`, and optionally `config` and `batches` (this
 process's share of each step), `threads`, `devices`, `arena`, `save` (a path every process saves to after the
-steps), `die_after` (exit at once after that many steps, as a killed process would), `stall_after` (sleep `stall` seconds before that step). RESULT receives a pickled
-dict: `mesh` (its index, count and repr), `stats` (one dict per step, or `refused` with the message of a step
+steps), `die_after` (exit at once after that many steps, as a killed process would), `stall_after` (sleep `stall` seconds before that step),
+`gather` (parts this process gathers once joined) and `gather_between` (parts it gathers after each step). RESULT receives a pickled
+dict: `mesh` (its index, count and repr), `gathered` (what each gather answered), `stats` (one dict per step, or `refused` with the message of a step
 refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
 what uform raised), `waited` (how long the verb that raised it ran) and `seconds`, the time spent until then.
 """
@@ -26,8 +27,9 @@ def run(plan):
             uform.Mesh.bootstrap(executor, plan["index"], plan["count"], plan["directory"], plan["job"],
                                  timeout=plan["timeout"]) as mesh:
         joined = (mesh.host_domain_index, mesh.host_domain_count, repr(mesh))
+        gathered = [mesh.gather(part) for part in plan.get("gather", [])]
         if "config" not in plan:
-            return dict(stats=[], embeddings=[], weights=None, mesh=joined)
+            return dict(stats=[], embeddings=[], weights=None, mesh=joined, gathered=gathered)
         with uform.Trainer.init_ram(executor, plan["config"], mesh) as trainer:
             for number, batch in enumerate(plan["batches"]):
                 if plan.get("die_after") == number:
@@ -43,9 +45,10 @@ def run(plan):
                     continue
                 steps.append(dict(stepped.stats))
                 embeddings.append(np.array(stepped.embeddings) if plan.get("arena") else None)
+                gathered += [mesh.gather(part) for part in plan.get("gather_between", [])]
             if plan.get("save"):
                 trainer.save(plan["save"])
-            return dict(stats=steps, embeddings=embeddings, weights=trainer._weights(), mesh=joined)
+            return dict(stats=steps, embeddings=embeddings, weights=trainer._weights(), mesh=joined, gathered=gathered)
 
 
 def main():

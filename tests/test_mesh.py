@@ -303,6 +303,28 @@ def test_bad_arguments_are_refused_by_name(tmp_path, arguments, field):
         assert time.monotonic() - started < 1  # refused, not waited on
 
 
+def test_every_process_gathers_every_part_in_host_domain_order(tmp_path):
+    """Parts of any size, empty ones too, before the steps and between them, on 3 processes alike."""
+    parts = [[b"", b"stop?" * index, bytes(range(256)) * (index + 1)] for index in range(3)]
+    trainer_config, _ = CASES["masked"]
+    whole = whole_batch(PAIRS, relations=dict(attract=edges(PAIRS, 8)))
+    thirds = [[share(whole, 0, 2)], [share(whole, 2, 4)], [share(whole, 4, 8)]]
+    started = [start(tmp_path, i, 3, "gather", gather=parts[i], gather_between=[bytes([i])], config=trainer_config,
+                     batches=thirds[i]) for i in range(3)]
+    results = finish(started)
+    expected = [[parts[p][k] for p in range(3)] for k in range(3)] + [[b"\x00", b"\x01", b"\x02"]]
+    for result in results:
+        assert result.get("error") is None and result["gathered"] == expected
+        assert [s["step"] for s in result["stats"]] == [1]
+
+
+def test_a_mesh_of_one_process_gathers_its_own_part():
+    with uform.Executor.for_ram(threads=1) as executor, uform.Mesh.bootstrap(executor) as mesh:
+        assert mesh.gather(b"alone") == [b"alone"] and mesh.gather(b"") == [b""]
+        with pytest.raises(uform.InvalidArgument, match="data: expected bytes"):
+            mesh.gather("text")
+
+
 def test_meshes_of_several_processes_are_a_capability():
     assert "mesh" in uform.capabilities()
     with uform.Executor.for_ram(threads=1) as executor, uform.Mesh.bootstrap(executor) as alone:

@@ -413,6 +413,20 @@ class Mesh(_Native):
         """The processes in the run: what `uform.data.Stream`'s `process_count` takes."""
         return self._count
 
+    def gather(self, data: Any) -> List[bytes]:
+        """Every process's `data` (bytes), in host-domain order, on every process: what a training loop
+        shares between steps, such as a stop one process was asked for, or its share of an evaluation.
+
+        Every process calls it, in the same order among its trainers' steps; the parts may differ in size.
+        It runs on the executor's worker, after the verbs submitted before it. Raises `uform.PeerError`
+        when a peer hung up or stayed silent past the mesh's timeout.
+        """
+        native = self._handle()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"data: expected bytes, got {type(data).__name__}")
+        part = bytes(data)
+        return self._executor._worker_thread().run(lambda: native.gather(part), "gather")
+
     def free(self) -> None:
         """Frees the mesh; harmless when already freed. Raises `uform.Busy` while a live trainer borrows it."""
         if self._native is None:

@@ -203,6 +203,8 @@ cdef class ExecutorHandle(Handle):
 cdef class MeshHandle(Handle):
     """One `uform_mesh_t`; it keeps its executor's handle alive."""
 
+    cdef uint32_t count
+
     def __cinit__(self):
         self.noun = "mesh"
         self.release = uform_mesh_free
@@ -227,7 +229,29 @@ cdef class MeshHandle(Handle):
             status = uform_mesh_bootstrap(devices, &config, &mesh.handle, &message)
         check(status, message, "uform_mesh_bootstrap")
         mesh.borrowed = (executor,)
+        mesh.count = count if count else 1
         return mesh
+
+    def gather(self, const uint8_t[::1] data):
+        """Every process's bytes, in host-domain order: a list of `bytes`."""
+        cdef uform_mesh_t mesh = self.live()
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef void* gathered = NULL
+        cdef uint64_t[::1] sizes = np.zeros(self.count, dtype=np.uint64)
+        cdef const uint8_t* start = &data[0] if data.shape[0] else NULL
+        cdef size_t length = data.shape[0]
+        with nogil:
+            status = uform_mesh_gather(mesh, start, length, &gathered, &sizes[0], &message)
+        check(status, message, "uform_mesh_gather")
+        parts, offset = [], 0
+        try:
+            for size in sizes:
+                parts.append((<const char*>gathered)[offset:offset + size])
+                offset += size
+        finally:
+            uform_mesh_gathered_free(gathered)
+        return parts
 
 
 # ---------------------------------------------------------------------------------------------- #

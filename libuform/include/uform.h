@@ -516,6 +516,25 @@ UFORM_API uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_m
 UFORM_API uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error);
 
 /**
+ *  @brief Gathers every process's bytes on every process, in host-domain order: what a training loop shares between
+ *  steps, such as a stop one process was asked for, or its share of an evaluation. A collective: every process of the
+ *  mesh calls it, in the same order among its trainers' steps; the parts may differ in size. On a mesh of one process
+ *  it answers a copy of `data`.
+ *  @param[in] mesh The mesh.
+ *  @param[in] data This process's part: `bytes` bytes; may be NULL when `bytes` is 0.
+ *  @param[out] gathered The parts side by side in host-domain order; release it with `uform_mesh_gathered_free`.
+ *  @param[out] sizes The size of each part: room for the mesh's host domain count.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_peer_k` when a peer hung up or stayed silent past the mesh's timeout, naming it (the mesh is
+ *  then broken for good); `uform_status_invalid_argument_k` for a NULL output, or NULL `data` with `bytes`.
+ */
+UFORM_API uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, size_t bytes, void** gathered,
+                                           uint64_t* sizes, char const** error);
+
+/** @brief Releases what `uform_mesh_gather` gathered; NULL is harmless. */
+UFORM_API void uform_mesh_gathered_free(void* gathered);
+
+/**
  *  @brief Starts or resumes a run on a CPU executor.
  *  @param[in] executor A RAM executor.
  *  @param[in] config Geometry, objectives, schedule; `config->resume` continues a checkpoint.

@@ -646,6 +646,35 @@ uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootst
     return status;
 }
 
+uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, size_t bytes, void** gathered, uint64_t* sizes,
+                                 char const** error) {
+    if (!gathered || !sizes) return UFORM_INVALID("gathered, sizes: NULL output");
+    *gathered = NULL;
+    if (!data && bytes) return UFORM_INVALID("data: NULL with %zu bytes", bytes);
+    void* object;
+    uform_status_t status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &object, error);
+    if (status != uform_status_success_k) return status;
+    uform_mesh_s* joined = object;
+    if (joined->host_domain_count > 1) {
+        size_t* measured = malloc(joined->host_domain_count * sizeof(size_t));
+        status = measured ? uform_mesh_all_gather(joined, data, bytes, (uint8_t**)gathered, measured, error)
+                          : uform_fail(error, uform_status_out_of_memory_k, "no memory for %u sizes",
+                                       joined->host_domain_count);
+        for (uint32_t p = 0; status == uform_status_success_k && p != joined->host_domain_count; ++p)
+            sizes[p] = measured[p];
+        free(measured);
+    } else if (!(*gathered = malloc(bytes ? bytes : 1)))
+        status = uform_fail(error, uform_status_out_of_memory_k, "no memory to gather %zu bytes", bytes);
+    else {
+        if (bytes) memcpy(*gathered, data, bytes);
+        sizes[0] = bytes;
+    }
+    uform_handles_release(joined);
+    return status;
+}
+
+void uform_mesh_gathered_free(void* gathered) { free(gathered); }
+
 uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error) {
     void* object;
     uform_status_t status = uform_handles_remove(mesh, uform_handle_mesh_k, "mesh", &object, error);

@@ -429,6 +429,15 @@ int main(int argc, char** argv) {
     REFUSED(uform_trainer_free(mesh, &error), uform_status_invalid_handle_k, "not a trainer");
     REFUSED(uform_executor_free(trainer, &error), uform_status_invalid_handle_k, "not an executor");
     REFUSED(uform_mesh_free(executor, &error), uform_status_invalid_handle_k, "not a mesh");
+    void* gathered = NULL;
+    uint64_t sizes[1] = {0};
+    REFUSED(uform_mesh_gather(trainer, "x", 1, &gathered, sizes, &error), uform_status_invalid_handle_k, "not a mesh");
+    REFUSED(uform_mesh_gather(mesh, NULL, 1, &gathered, sizes, &error), uform_status_invalid_argument_k, "data: NULL");
+    REFUSED(uform_mesh_gather(mesh, "x", 1, NULL, sizes, &error), uform_status_invalid_argument_k, "NULL output");
+    CHECK(uform_mesh_gather(mesh, "alone", 5, &gathered, sizes, &error) == uform_status_success_k && sizes[0] == 5 &&
+          !memcmp(gathered, "alone", 5));
+    uform_mesh_gathered_free(gathered);
+    uform_mesh_gathered_free(NULL);
     REFUSED(uform_encoder_embed(trainer, &embed, &error), uform_status_invalid_handle_k, "not an encoder");
     uform_trainer_t other = NULL;
     REFUSED(uform_trainer_init_ram(trainer, &config, NULL, &other, &error), uform_status_invalid_handle_k,
