@@ -743,3 +743,92 @@ def test_embed_reads_a_tables_column_of_picture_paths_as_pictures(tmp_path, caps
     assert "'picture' holds image files" in capsys.readouterr().err
     guessed, told, paths = (np.load(tmp_path / f"{name}.npy") for name in ("guessed", "told", "paths"))
     assert np.array_equal(guessed, told) and not np.allclose(guessed, paths)
+
+
+# ---------------------------------------------------------------------------------------------- #
+#  A run of several processes                                                                      #
+# ---------------------------------------------------------------------------------------------- #
+
+MESH = "\n[mesh]\nhost_domain_count = 2\ntimeout_minutes = 1\n"
+
+
+def start_process(config, index, tmp_path):
+    """`uform train CONFIG --host-domain-index I` as a process of its own, as a launcher starts one per host domain."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
+    return subprocess.Popen([sys.executable, "-m", "uform.cli", "train", config, "--host-domain-index", str(index)],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_processes(children, limit=120):
+    ended = []
+    for child in children:
+        try:
+            ended.append((child.returncode if child.wait(timeout=limit) is None else child.returncode,
+                          *child.communicate()))
+        except subprocess.TimeoutExpired:
+            for other in children:
+                other.kill()
+            raise AssertionError("a process of the mesh hangs")
+    return ended
+
+
+def test_two_processes_train_one_run_share_its_evaluation_and_resume(run, tmp_path):
+    config = os.path.abspath(run("meshed", **{"[run]": MESH + "\n[run]"}))
+    folder = str(tmp_path / "runs" / "meshed")
+    ended = finish_processes([start_process(config, index, tmp_path) for index in (0, 1)])
+    assert [code for code, _, _ in ended] == [0, 0], ended
+    assert steps_in(folder) == [6, 9]  # host domain 0 alone writes and rotates
+    for step, path in cli.checkpoints_in(os.path.join(folder, "checkpoints")):
+        written = json.loads(uform.checkpoint_note(path))
+        assert written["step"] == step and written["cursor"]["batch"] == 2 * step  # two device batches a step
+    log, other = read_log(folder), [json.loads(line) for line in open(os.path.join(folder, "log.host-domain-1.jsonl"))]
+    assert log[0]["host_domain"] == 0 and other[0]["host_domain"] == 1 and other[0]["host_domains"] == 2
+    losses = [(line["step"], line["loss"]) for line in log if "loss" in line]
+    assert losses == [(line["step"], line["loss"]) for line in other if "loss" in line]  # the whole step's, alike
+    assert [step for step, _ in losses] == list(range(1, 10))
+    evaluations = [line for line in log if "evaluation" in line]
+    assert [line["step"] for line in evaluations] == [4, 8, 9]
+    assert not [line for line in other if "evaluation" in line]  # host domain 0 scores every share
+    assert "step 9: question->answer recall@1" in ended[0][2] and "recall@1" not in ended[1][2]
+    # The shared evaluation scores as one process alone scores the same weights.
+    last = cli.checkpoints_in(os.path.join(folder, "checkpoints"))[-1][1]
+    held_out = cli.read_held_out(cli.load_config(config).evaluation)
+    with uform.Executor.for_ram(threads=1) as cpu, \
+            uform.Trainer.init_ram(cpu, dict(cli.load_config(config).trainer, resume=last)) as trainer:
+        alone, _ = cli.evaluate(trainer, cpu, str(tmp_path), held_out)
+    for direction, metrics in alone.items():
+        assert evaluations[-1]["evaluation"][direction] == pytest.approx(metrics, abs=1e-6)
+
+    resumed = os.path.abspath(run("meshed", steps=12, **{"[run]": MESH + "\n[run]"}))
+    ended = finish_processes([start_process(resumed, index, tmp_path) for index in (0, 1)])
+    assert [code for code, _, _ in ended] == [0, 0], ended
+    assert steps_in(folder) == [9, 12]
+
+
+def test_a_signal_to_one_process_stops_every_process_after_the_same_step(run, tmp_path):
+    config = os.path.abspath(run("stopped", steps=400, every=1000, **{"[run]": MESH + "\n[run]"}))
+    folder = tmp_path / "runs" / "stopped"
+    children = [start_process(config, index, tmp_path) for index in (0, 1)]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and all(child.poll() is None for child in children):
+        log = folder / "log.host-domain-1.jsonl"
+        if log.exists() and log.read_text().count('"loss"') >= 3:
+            break
+        time.sleep(0.02)
+    children[1].send_signal(signal.SIGTERM)
+    ended = finish_processes(children)
+    assert [code for code, _, _ in ended] == [128 + signal.SIGTERM] * 2, ended
+    assert all("stopped by SIGTERM" in errors for _, _, errors in ended)
+    (stopped,) = steps_in(str(folder))  # host domain 0 saved where both stopped
+    other = [json.loads(line) for line in open(folder / "log.host-domain-1.jsonl")]
+    assert 3 <= stopped < 400 and max(line["step"] for line in other if "loss" in line) == stopped
+
+
+def test_a_mesh_config_is_checked_by_name(run, tmp_path, capsys):
+    for mesh, message in (("host_domain_count = 0", "mesh.host_domain_count: 0"),
+                          ("hosts = 2", "mesh.hosts: unknown field"),
+                          ('host_domain_count = 2\njob = "a/b"', "mesh.job")):
+        assert cli.main(["train", run("checked", **{"[run]": f"[mesh]\n{mesh}\ntimeout_minutes = 0.02\n\n[run]"})]) == 1
+        assert message in capsys.readouterr().err
+    assert cli.main(["train", run("checked", **{"[run]": MESH + "\n[run]"}), "--host-domain-index", "2"]) == 1
+    assert "--host-domain-index: 2 is not below mesh.host_domain_count = 2" in capsys.readouterr().err

@@ -1,12 +1,13 @@
 """The `uform` command: train from a TOML config, embed a dataset, describe a checkpoint.
 
     uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
+    uform train CONFIG --host-domain-index I   # process I of a [mesh] of several
     uform embed CHECKPOINT INPUT OUTPUT     # one table, tar shard or folder in, .npy or .parquet out
     uform info CHECKPOINT                   # geometry, step, config, tensor sizes; exit 1 where no reader loads it
 
 A config's sections mirror the Python configs: `[trainer]` is a `uform.TrainerConfig` (with
 `[trainer.batch]`, `[trainer.schedule]`, ...; docs/python.md), `[data]` a `uform.data.Dataset`, and
-`[evaluation]`, `[checkpoints]` and `[run]` are this command's own; the fields of all but `[trainer]`
+`[evaluation]`, `[checkpoints]`, `[run]` and `[mesh]` are this command's own; the fields of all but `[trainer]`
 are listed below. Relative paths are read from the config's folder. docs/tutorial.md has a complete
 example.
 """
@@ -14,6 +15,7 @@ example.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -104,7 +106,20 @@ class Evaluation:
     max_records: int = _field(_count, "Held-out records read at most; 2 or more.", default=1000)
 
 
-_SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints}
+@dataclass
+class MeshSection:
+    """A run of several processes on CPUs, each started with `uform train CONFIG --host-domain-index I`."""
+
+    host_domain_count: int = _field(_count, "The processes of the run; 1: this process alone.", default=1)
+    directory: Optional[str] = _field(_text, "A folder every process sees, where they meet; absent: the run "
+                                      "folder's `mesh`.", default=None)
+    job: str = _field(_text, "The run's name under `directory`: one folder name.", default="train")
+    timeout_minutes: float = _field(_minutes, "How long a process waits for the others: to meet, and at "
+                                    "every step.", default=5.0)
+
+
+_SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints,
+             "mesh": MeshSection}
 
 
 def _plain_section(kind: type, value: Any, path: str) -> Any:
@@ -155,6 +170,7 @@ class TrainConfig:
     data: Dataset
     evaluation: Optional[Evaluation]
     checkpoints: Checkpoints
+    mesh: MeshSection
 
 
 def load_config(path: str) -> TrainConfig:
@@ -204,7 +220,14 @@ def load_config(path: str) -> TrainConfig:
     checkpoints = _plain_section(Checkpoints, sections.get("checkpoints", {}), "checkpoints")
     if checkpoints.keep < 1:
         raise InvalidArgument("checkpoints.keep: 0; a run keeps at least its newest checkpoint")
-    return TrainConfig(path, run, trainer, data, evaluation, checkpoints)
+    mesh = _plain_section(MeshSection, sections.get("mesh", {}), "mesh")
+    if mesh.host_domain_count < 1:
+        raise InvalidArgument("mesh.host_domain_count: 0; a run has one process or more")
+    if mesh.host_domain_count > 1 and run.device == "gpu":
+        raise Unsupported("mesh.host_domain_count: meshes of several processes train on CPUs (run.device = \"cpu\"); "
+                          "GPU meshes need NCCL, which this build lacks")
+    mesh.directory = resolve(mesh.directory) if mesh.directory is not None else os.path.join(run.folder, "mesh")
+    return TrainConfig(path, run, trainer, data, evaluation, checkpoints, mesh)
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -368,35 +391,67 @@ def retrieval(queries: np.ndarray, targets: np.ndarray) -> Dict[str, float]:
 
 
 def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held_out: HeldOut,
-             refuse: bool = False) -> Tuple[Dict[str, Dict], List[str]]:
+             refuse: bool = False, mesh: Optional[uform.Mesh] = None) -> Tuple[Optional[Dict[str, Dict]], List[str]]:
     """Retrieval both ways with the trainer's weights as they are, through a weights-only copy, and the
     held-out records the library refused this time (an item it cannot decode). Such a record is dropped
-    from `held_out` for good and the embedding retried; under `refuse` it stops the run, named."""
+    from `held_out` for good and the embedding retried; under `refuse` it stops the run, named. On a
+    `mesh` of several processes each embeds its share of the records (every host_domain_count-th, from
+    its index) and host domain 0 alone scores them: the others answer None for the metrics."""
     path = os.path.join(folder, "evaluation.safetensors")
-    trainer.save(path, weights_only=True)
-    dropped: List[str] = []
+    trainer.save(path, weights_only=True)  # on a mesh, host domain 0 writes it
+    index, count = (mesh.host_domain_index, mesh.host_domain_count) if mesh is not None else (0, 1)
+    if count > 1:
+        mesh.gather(b"")  # the others read it once it is written
+    kept, dropped = list(range(index, len(held_out.queries), count)), []
+    queries = targets = np.zeros((0, 0), np.float32)
     with uform.Encoder.load(path, executor) as encoder:
-        while True:
+        while kept:
             side = 0
             try:
-                queries = encoder.embed([held_out.modalities[0]] * len(held_out.queries), held_out.queries).to_float32()
+                queries = encoder.embed([held_out.modalities[0]] * len(kept), [held_out.queries[r] for r in kept])
                 side = 1
-                targets = encoder.embed([held_out.modalities[1]] * len(held_out.targets), held_out.targets).to_float32()
+                targets = encoder.embed([held_out.modalities[1]] * len(kept), [held_out.targets[r] for r in kept])
+                queries, targets = queries.to_float32(), targets.to_float32()
                 break
             except InvalidArgument as error:
                 found = refused_item(error)
                 if found is None:
                     raise
-                record, why = found
-                message = f"{held_out.locations[record]}: {held_out.names[side]!r}: {why}"
+                item, why = found
+                message = f"{held_out.locations[kept[item]]}: {held_out.names[side]!r}: {why}"
                 if refuse:
                     raise BadRecord(message) from None
-                dropped.append(message)
-                held_out.bad_records.append(message)
-                held_out.drop(record)
+                dropped.append((kept.pop(item), message))
+    shares = [(kept, dropped, queries, targets)]
+    if count > 1:
+        shares = [_share_read(part) for part in mesh.gather(_share_written(*shares[0]))]
+    # Every process drops every share's bad records alike, so that the next evaluation splits one list.
+    messages = [message for share in shares for _, message in share[1]]
+    for record in sorted((record for share in shares for record, _ in share[1]), reverse=True):
+        held_out.drop(record)
+    held_out.bad_records.extend(messages)
+    if index:
+        return None, messages
+    order = np.argsort(np.concatenate([np.asarray(share[0], np.int64) for share in shares]), kind="stable")
+    queries, targets = (np.concatenate([share[k] for share in shares if len(share[0])])[order] for k in (2, 3))
     forward, backward = held_out.names, held_out.names[::-1]
     return {f"{forward[0]}->{forward[1]}": retrieval(queries, targets),
-            f"{backward[0]}->{backward[1]}": retrieval(targets, queries)}, dropped
+            f"{backward[0]}->{backward[1]}": retrieval(targets, queries)}, messages
+
+
+def _share_written(kept: List[int], dropped: List[Tuple[int, str]], queries: np.ndarray, targets: np.ndarray) -> bytes:
+    """One process's share of an evaluation as bytes: a JSON header's length and the header, then the embeddings."""
+    header = json.dumps(dict(kept=kept, dropped=dropped, shape=list(queries.shape))).encode()
+    return struct.pack("<Q", len(header)) + header + queries.astype("<f4").tobytes() + targets.astype("<f4").tobytes()
+
+
+def _share_read(part: bytes) -> Tuple[List[int], List[Tuple[int, str]], np.ndarray, np.ndarray]:
+    (length,) = struct.unpack_from("<Q", part)
+    header = json.loads(part[8:8 + length])
+    shape, values = tuple(header["shape"]), np.frombuffer(part, "<f4", offset=8 + length).astype(np.float32)
+    half = values.size // 2
+    return (header["kept"], [tuple(entry) for entry in header["dropped"]], values[:half].reshape(shape),
+            values[half:].reshape(shape))
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -473,9 +528,9 @@ def as_toml_names(error: Error) -> Error:
     return error if message == str(error) else type(error)(message)
 
 
-def train(config_path: str) -> int:
+def train(config_path: str, host_domain_index: int = 0) -> int:
     try:
-        return _train(config_path)
+        return _train(config_path, host_domain_index)
     except Error as error:
         renamed = as_toml_names(error)
         if renamed is error:
@@ -500,8 +555,11 @@ def _without_newest(complete: List[Tuple[int, str]], saved_in: str) -> str:
     return f"move it out of {saved_in} to resume from {os.path.basename(complete[-2][1])}, the one before it"
 
 
-def _train(config_path: str) -> int:
+def _train(config_path: str, index: int) -> int:
     config = load_config(config_path)
+    count = config.mesh.host_domain_count
+    if index >= count:
+        raise InvalidArgument(f"--host-domain-index: {index} is not below mesh.host_domain_count = {count}")
     folder = config.run.folder
     saved_in = os.path.join(folder, "checkpoints")
     trainer_config = dict(config.trainer)
@@ -542,10 +600,10 @@ def _train(config_path: str) -> int:
     stop = _Stop()
     try:
         # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
-        with Stream(config.data, trainer_config, cursor=cursor) as stream:
+        with Stream(config.data, trainer_config, process_index=index, process_count=count, cursor=cursor) as stream:
             held_out = read_held_out(config.evaluation) if config.evaluation else None
-            executor, init = open_executor(config.run.device, config.run.threads)
-            with executor, init(executor, trainer_config) as trainer:
+            executor, init = open_executor("cpu" if count > 1 else config.run.device, config.run.threads)
+            with executor, _joined(config.mesh, executor, index) as mesh, init(executor, trainer_config, mesh) as trainer:
                 stream.decode_ahead(trainer.decode)
                 try:
                     try:  # only now that the library took the config too
@@ -553,11 +611,27 @@ def _train(config_path: str) -> int:
                     except OSError as error:
                         raise _unusable_folder(folder, error) from None
                     return _train_loop(config, trainer, executor, stream, held_out, step, steps,
-                                       trainer_config.get("resume"), cursor, stop)
+                                       trainer_config.get("resume"), cursor, stop, mesh)
                 finally:
                     stream.close()  # its thread may be decoding with the trainer, which must be idle to be freed
     finally:
         stop.restore()
+
+
+def _joined(mesh: MeshSection, executor: uform.Executor, index: int) -> Any:
+    """This process's place in the run's mesh, or a `with` block of None for a process alone."""
+    if mesh.host_domain_count == 1:
+        return contextlib.nullcontext()
+    try:
+        os.makedirs(mesh.directory, exist_ok=True)
+    except OSError as error:
+        raise InvalidArgument(f"mesh.directory: {mesh.directory}: {error.strerror or error}") from None
+    try:
+        return uform.Mesh.bootstrap(executor, index, mesh.host_domain_count, mesh.directory, mesh.job,
+                                    timeout=60 * mesh.timeout_minutes)
+    except InvalidArgument as error:  # named as this command's config names the library's arguments
+        message = re.sub(r"^(directory|job|timeout)\b", lambda m: f"mesh.{m.group(1)}", str(error))
+        raise InvalidArgument(re.sub(r"^host_domain_index\b", "--host-domain-index", message)) from None
 
 
 def _unusable_folder(folder: str, error: OSError) -> InvalidArgument:
@@ -566,30 +640,37 @@ def _unusable_folder(folder: str, error: OSError) -> InvalidArgument:
     return InvalidArgument(f"run.folder: {folder}: {error.strerror or error}{where}")
 
 
-def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed, cursor, stop) -> int:
+def _train_loop(config, trainer, executor, stream, held_out, step, steps, resumed, cursor, stop, mesh) -> int:
     import tqdm  # only the command draws a bar
 
     every, saved_in = config.checkpoints, os.path.join(config.run.folder, "checkpoints")
-    try:
-        log = RunLog(config.run.folder)
+    index = mesh.host_domain_index if mesh is not None else 0
+    try:  # host domain 0 keeps the run's log and its TensorBoard events; the others a log of their own
+        log = RunLog(config.run.folder) if not index else RunLog(config.run.folder, f"log.host-domain-{index}.jsonl",
+                                                                 events=False)
     except OSError as error:  # a folder that exists but takes no files
         raise _unusable_folder(config.run.folder, error) from None
-    log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed))
+    log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed,
+                   **(dict(host_domain=index, host_domains=mesh.host_domain_count) if mesh is not None else {})))
     if held_out and held_out.bad_records:
         log.write(dict(step=step, held_out_bad_records=held_out.bad_records))
     unusable = UnusableEpochs([path for path, _ in stream.shards], cursor)
     saved_step, saved_time, cursor, bad = step, time.monotonic(), None, 0
     evaluated_step = None
-    bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=None)
+    bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=True if index else None)
     try:
-        while step < steps and stop.signal is None:
+        several = mesh is not None and mesh.host_domain_count > 1
+        while step < steps and (several or stop.signal is None):  # on a mesh, all stop together (`_agree`)
             waiting = time.perf_counter()
             batch = next(stream)
             data_seconds = time.perf_counter() - waiting
+            stopping, idle = _agree(stop, mesh, batch)
+            if stopping:
+                break  # before the batch: the cursor saved is the one before it
             bad_before = bad
             cursor = batch.cursor
             computing = time.perf_counter()
-            stats, batch, refused = _step(config, trainer, stream, batch)
+            stats, batch, refused = _step(config, trainer, stream, batch, mesh, idle)
             for message in batch.bad_records:
                 log.write(dict(step=step, bad_record=message))
             reasons = list(batch.bad_records)
@@ -610,28 +691,57 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                             bad=bad, refresh=False)
             bar.update(step - bar.n)
             minutes = bool(every.every_minutes) and time.monotonic() - saved_time >= 60 * every.every_minutes
-            if (every.every_steps and step % every.every_steps == 0) or minutes:
-                save_checkpoint(trainer, saved_in, step, cursor, every.keep)
+            if ((every.every_steps and step % every.every_steps == 0) or minutes) and not index:
+                save_checkpoint(trainer, saved_in, step, cursor, every.keep)  # host domain 0 writes for all
                 saved_step, saved_time = step, time.monotonic()
             if held_out and config.evaluation.every_steps and step % config.evaluation.every_steps == 0:
-                _evaluate(trainer, executor, config, held_out, log, step)
+                _evaluate(trainer, executor, config, held_out, log, step, mesh)
                 evaluated_step = step
     finally:
         bar.close()
     with log:
-        return _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad)
+        return _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad,
+                       mesh)
 
 
-def _step(config, trainer, stream, batch):
+def _agree(stop: "_Stop", mesh: Optional[uform.Mesh], batch: Any) -> Tuple[bool, bool]:
+    """(whether to stop before this batch, whether every process must let the step pass) on a mesh, where the
+    processes step together: all stop when any was asked to (each taking the first signal any process got as
+    its own), and none steps when a process has no usable record to bring. A process alone decides alone."""
+    if mesh is None or mesh.host_domain_count == 1:
+        return stop.signal is not None, False
+    parts = mesh.gather(bytes([stop.signal or 0, batch.batch is not None]))
+    asked = [part[0] for part in parts if part[0]]
+    if asked and stop.signal is None:
+        stop.signal = asked[0]
+    return bool(asked), not all(part[1] for part in parts)
+
+
+_PEERS_REFUSED = re.compile(r"^host domain \d+ refused its share of the step: ")
+
+
+def _step(config, trainer, stream, batch, mesh=None, idle=False):
     """Trains on `batch`: (the step's stats, or None where nothing trained; the batch as it ended; why the
     library refused it as a whole, or None). A record the library refuses (an image it cannot decode) is
     bad: under `bad_records = "skip"` it is left out and the batch retried without it, so the batch's good
-    records still train; under "refuse" it stops the run, named."""
+    records still train; under "refuse" it stops the run, named. On a mesh every process refuses a step any
+    one refuses: the others retry their shares as they were while that one retries without its bad record,
+    or all let the step pass when it cannot; `idle`, all let it pass at once (`_agree`)."""
+    if idle:
+        return None, batch, None
     while batch.batch is not None:
         try:
             return trainer.deferred().step(batch.batch).wait().stats, batch, None
         except InvalidArgument as error:  # what only the library could judge
-            retried = stream.without_refused(batch, error)  # raises BadRecord under "refuse"
+            several = mesh is not None and mesh.host_domain_count > 1
+            theirs = several and _PEERS_REFUSED.match(str(error)) is not None
+            retried = batch if theirs else stream.without_refused(batch, error)  # raises BadRecord under "refuse"
+            # On a mesh every process retries, or none: the one at fault cannot when it found no record to drop.
+            can = retried is not None and retried.batch is not None
+            if several and not all(part == b"\x01" for part in mesh.gather(bytes([can]))):
+                if theirs:
+                    return None, batch, None  # this share was not at fault, and passes with the step
+                batch, retried = retried or batch, None
             if retried is not None:
                 batch = retried
                 continue
@@ -641,30 +751,37 @@ def _step(config, trainer, stream, batch):
     return None, batch, None
 
 
-def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad) -> int:
+def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad,
+            mesh=None) -> int:
     """Saves what the last checkpoint lacks; then reports a stop, or evaluates the end of the run. A stop
     before the first step saves nothing: a checkpoint of step 0 would hold only what a new start makes."""
-    saved_in = os.path.join(config.run.folder, "checkpoints")
-    if cursor is not None and step != saved_step:
+    saved_in, index = os.path.join(config.run.folder, "checkpoints"), mesh.host_domain_index if mesh else 0
+    if cursor is not None and step != saved_step and not index:  # host domain 0 writes for all
         save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
     if stop.signal is not None:
         name = signal.Signals(stop.signal).name
         complete = checkpoints_in(saved_in)
-        then = (f"`uform train {config.path}` resumes from {complete[-1][1]}" if complete
-                else f"nothing saved yet; `uform train {config.path}` starts over")
+        if index and cursor is not None:  # host domain 0 saves this step, perhaps still
+            then = f"host domain 0 saves step {step} in {saved_in}, from which `uform train {config.path}` resumes"
+        else:
+            then = (f"`uform train {config.path}` resumes from {complete[-1][1]}" if complete
+                    else f"nothing saved yet; `uform train {config.path}` starts over")
         print(f"uform: stopped by {name} at step {step}; {then}", file=sys.stderr)
         return 128 + stop.signal
     if held_out and evaluated_step != step:
-        _evaluate(trainer, executor, config, held_out, log, step)
+        _evaluate(trainer, executor, config, held_out, log, step, mesh)
     print(f"uform: trained to step {step}; checkpoints in {saved_in}, log in {log.path}"
           + (f"; {bad} bad records skipped" if bad else ""))
     return 0
 
 
-def _evaluate(trainer, executor, config, held_out, log, step) -> None:
-    metrics, dropped = evaluate(trainer, executor, config.run.folder, held_out, config.data.bad_records == "refuse")
+def _evaluate(trainer, executor, config, held_out, log, step, mesh=None) -> None:
+    metrics, dropped = evaluate(trainer, executor, config.run.folder, held_out, config.data.bad_records == "refuse",
+                                mesh)
     if dropped:
         log.write(dict(step=step, held_out_bad_records=dropped))
+    if metrics is None:  # another host domain's share, scored by host domain 0
+        return
     log.write(dict(step=step, evaluation=metrics),
               {f"evaluation/{direction}/{name}": value for direction, values in metrics.items()
                for name, value in values.items()})
@@ -887,7 +1004,8 @@ def _print_description(described: Dict[str, Any], as_json: bool) -> None:
 def sections_help() -> str:
     """The fields of each config section but `[trainer]`, with their defaults and what they mean."""
     lines = []
-    for name, kind in (("data", Dataset), ("evaluation", Evaluation), ("checkpoints", Checkpoints), ("run", Run)):
+    for name, kind in (("data", Dataset), ("evaluation", Evaluation), ("checkpoints", Checkpoints), ("run", Run),
+                       ("mesh", MeshSection)):
         title = f"[{name}]" + (" (uform.data.Dataset; docs/data.md)" if kind is Dataset else "")
         lines.append(f"{title}: {kind.__doc__.strip().splitlines()[0]}")
         for f in dataclasses.fields(kind):
@@ -900,6 +1018,15 @@ def sections_help() -> str:
     return "\n".join(lines)
 
 
+def _host_domain_index(given: Optional[int]) -> int:
+    """`--host-domain-index`, else `$UFORM_HOST_DOMAIN_INDEX`, else 0: as a launcher sets one per process."""
+    name, value = ("--host-domain-index", str(given)) if given is not None else \
+        ("UFORM_HOST_DOMAIN_INDEX", os.environ.get("UFORM_HOST_DOMAIN_INDEX", "0"))
+    if not value.isdigit():
+        raise InvalidArgument(f"{name}: {value!r} is not an index, 0 or more")
+    return int(value)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="uform", description=__doc__, epilog=sections_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -907,6 +1034,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     training = commands.add_parser("train", help="train from a TOML config, resuming from its run folder's latest checkpoint")
     training.add_argument("config")
+    training.add_argument("--host-domain-index", type=int, metavar="I",
+                          help="this process's index in a [mesh] of several (default: $UFORM_HOST_DOMAIN_INDEX, or 0)")
     embedding = commands.add_parser("embed", help="embed one column of a table, a tar shard or a folder into .npy "
                                     "or .parquet")
     embedding.add_argument("checkpoint")
@@ -928,7 +1057,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
-            return train(args.config)
+            return train(args.config, _host_domain_index(args.host_domain_index))
         if args.command == "embed":
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
                          args.device, args.threads, args.chunk)

@@ -90,24 +90,26 @@ class EventFile:
 
 
 class RunLog:
-    """`log.jsonl` and TensorBoard's events under a run's folder; a resumed run appends to both."""
+    """`log.jsonl` (or `name`) and TensorBoard's events (unless not `events`) under a run's folder; a resumed
+    run appends to both."""
 
-    def __init__(self, folder: str) -> None:
-        self.path = os.path.join(folder, "log.jsonl")
+    def __init__(self, folder: str, name: str = "log.jsonl", events: bool = True) -> None:
+        self.path = os.path.join(folder, name)
         self._lines: IO[str] = open(self.path, "a", encoding="utf-8")
-        self.events = EventFile(os.path.join(folder, "tensorboard"))
+        self.events = EventFile(os.path.join(folder, "tensorboard")) if events else None
 
     def write(self, record: Dict, scalars: Optional[Dict[str, float]] = None) -> None:
         """One line of `record`, and `scalars` (tag: value) as TensorBoard events at `record["step"]`."""
         record = dict(record, time=round(time.time(), 3))
         self._lines.write(json.dumps(_finite(record)) + "\n")
         self._lines.flush()
-        if scalars:
+        if scalars and self.events is not None:
             self.events.scalars(int(record["step"]), scalars)
 
     def close(self) -> None:
         self._lines.close()
-        self.events.close()
+        if self.events is not None:
+            self.events.close()
 
     def __enter__(self) -> "RunLog":
         return self
