@@ -832,3 +832,25 @@ def test_a_mesh_config_is_checked_by_name(run, tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert cli.main(["train", run("checked", **{"[run]": MESH + "\n[run]"}), "--host-domain-index", "2"]) == 1
     assert "--host-domain-index: 2 is not below mesh.host_domain_count = 2" in capsys.readouterr().err
+
+
+def test_two_processes_pass_over_bad_records_alike_and_drop_bad_held_out_records_from_every_share(tmp_path):
+    """Pictures the library cannot decode, in the training data and the held-out split, with the run spread
+    over two processes: each passes over its own bad records, and the shared evaluation drops a bad held-out
+    record from every process's list, so the next evaluation splits the same records."""
+    photos = write_photos(tmp_path / "photos", 24, broken={3, 14})
+    write_photos(tmp_path / "held-out-photos", 6, broken={51}, start=50)
+    config = photos_config(tmp_path, steps=4, **{"[checkpoints]": "[evaluation]\npaths = [\"held-out-photos\"]\n"
+                                                 "every_steps = 2\n\n[checkpoints]"}, evaluation=False)
+    with open(config, "a") as file:
+        file.write(MESH)
+    ended = finish_processes([start_process(config, index, tmp_path) for index in (0, 1)])
+    assert [code for code, _, _ in ended] == [0, 0], ended
+    folder = tmp_path / "runs" / "photos"
+    log, other = read_log(folder), [json.loads(line) for line in open(folder / "log.host-domain-1.jsonl")]
+    bad = sorted({line["bad_record"] for line in log + other if "bad_record" in line})  # by their share's process
+    assert [re.match(rf"{re.escape(photos)}:p(\d\d): ", b).group(1) for b in bad] == ["03", "14"]
+    assert [line["step"] for line in log if "loss" in line] == [1, 2, 3, 4]
+    assert [line["step"] for line in log if "evaluation" in line] == [2, 4]
+    dropped = [message for line in log if "held_out_bad_records" in line for message in line["held_out_bad_records"]]
+    assert len(dropped) == 1 and ":p51: 'jpg;png;webp': not a readable PNG" in dropped[0]  # once, by its share
