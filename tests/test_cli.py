@@ -854,3 +854,25 @@ def test_two_processes_pass_over_bad_records_alike_and_drop_bad_held_out_records
     assert [line["step"] for line in log if "evaluation" in line] == [2, 4]
     dropped = [message for line in log if "held_out_bad_records" in line for message in line["held_out_bad_records"]]
     assert len(dropped) == 1 and ":p51: 'jpg;png;webp': not a readable PNG" in dropped[0]  # once, by its share
+
+
+def test_a_second_run_of_one_folder_is_refused_while_the_first_trains(run, tmp_path, capsys):
+    config = run("held", steps=400, every=1000)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
+    child = subprocess.Popen([sys.executable, "-m", "uform.cli", "train", os.path.abspath(config)], env=env,
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "runs" / "held" / "log.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None and not (log.exists() and '"loss"' in log.read_text()):
+        time.sleep(0.02)
+    try:
+        assert cli.main(["train", config]) == 1
+        assert re.search(rf"run.folder: .*held is in use by another `uform train` \(process {child.pid} on ",
+                         capsys.readouterr().err)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM
+    (stopped,) = steps_in(str(tmp_path / "runs" / "held"))
+    assert cli.main(["train", run("held", steps=stopped + 1, every=1000)]) == 0  # free once the first has ended
+    assert steps_in(str(tmp_path / "runs" / "held")) == [stopped, stopped + 1]

@@ -610,12 +610,38 @@ def _train(config_path: str, index: int) -> int:
                         os.makedirs(folder, exist_ok=True)
                     except OSError as error:
                         raise _unusable_folder(folder, error) from None
-                    return _train_loop(config, trainer, executor, stream, held_out, step, steps,
-                                       trainer_config.get("resume"), cursor, stop, mesh)
+                    with _held(folder) if not index else contextlib.nullcontext():  # host domain 0 holds it for all
+                        return _train_loop(config, trainer, executor, stream, held_out, step, steps,
+                                           trainer_config.get("resume"), cursor, stop, mesh)
                 finally:
                     stream.close()  # its thread may be decoding with the trainer, which must be idle to be freed
     finally:
         stop.restore()
+
+
+@contextlib.contextmanager
+def _held(folder: str) -> Any:
+    """Holds the run folder while this run trains (an advisory lock on `folder/.lock`, naming its holder), so that a
+    second `uform train` of the same folder is refused rather than let two runs write one run's files."""
+    import fcntl
+    import socket
+
+    try:
+        holder = open(os.path.join(folder, ".lock"), "a+", encoding="utf-8")
+    except OSError as error:
+        raise _unusable_folder(folder, error) from None
+    with holder:
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder.seek(0)
+            who = holder.read().strip() or "a process"
+            raise InvalidArgument(f"run.folder: {folder} is in use by another `uform train` ({who}); wait for it to "
+                                  "end, or give this run another folder") from None
+        holder.seek(0), holder.truncate()
+        holder.write(f"process {os.getpid()} on {socket.gethostname()}")
+        holder.flush()
+        yield  # closing the file lets go of the lock
 
 
 def _joined(mesh: MeshSection, executor: uform.Executor, index: int) -> Any:
