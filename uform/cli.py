@@ -57,11 +57,15 @@ def _text(value: Any, path: str) -> str:
     return value
 
 
-def _minutes(value: Any, path: str) -> float:
+def _minutes(value: Any, path: str, zero: str = "0 saves by steps alone") -> float:
     minutes = real(value, path)
     if not (math.isfinite(minutes) and minutes >= 0):
-        raise InvalidArgument(f"{path}: {minutes} is not a number of minutes, 0 or more (0 saves by steps alone)")
+        raise InvalidArgument(f"{path}: {minutes} is not a number of minutes, 0 or more ({zero})")
     return minutes
+
+
+def _timeout(value: Any, path: str) -> float:
+    return _minutes(value, path, "0 waits the default 5")
 
 
 def _as_given(value: Any, path: str) -> Any:
@@ -114,8 +118,8 @@ class MeshSection:
     directory: Optional[str] = _field(_text, "A folder every process sees, where they meet; absent: the run "
                                       "folder's `mesh`.", default=None)
     job: str = _field(_text, "The run's name under `directory`: one folder name.", default="train")
-    timeout_minutes: float = _field(_minutes, "How long a process waits for the others: to meet, and at "
-                                    "every step.", default=5.0)
+    timeout_minutes: float = _field(_timeout, "How long a process waits for the others: to meet, and at "
+                                    "every step; 0: the default.", default=5.0)
 
 
 _SECTIONS = {"run": Run, "trainer": TrainerConfig, "data": Dataset, "evaluation": Evaluation, "checkpoints": Checkpoints,
