@@ -3,7 +3,8 @@
 PLAN is a pickled dict: `index`, `count`, `directory`, `job`, `timeout`, and optionally `config` and `batches` (this
 process's share of each step), `threads`, `devices`, `arena`, `save` (a path every process saves to after the
 steps), `die_after` (exit at once after that many steps, as a killed process would), `stall_after` (sleep `stall` seconds before that step),
-`gather` (parts this process gathers once joined) and `gather_between` (parts it gathers after each step). RESULT receives a pickled
+`other_executor` (make the trainer on an executor
+the mesh did not join with), `gather` (parts this process gathers once joined) and `gather_between` (parts it gathers after each step). RESULT receives a pickled
 dict: `mesh` (its index, count and repr), `gathered` (what each gather answered), `stats` (one dict per step, or `refused` with the message of a step
 refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
 what uform raised), `waited` (how long the verb that raised it ran) and `seconds`, the time spent until then.
@@ -30,6 +31,8 @@ def run(plan):
         gathered = [mesh.gather(part) for part in plan.get("gather", [])]
         if "config" not in plan:
             return dict(stats=[], embeddings=[], weights=None, mesh=joined, gathered=gathered)
+        if plan.get("other_executor"):  # a trainer made on an executor the mesh did not join with
+            executor = uform.Executor.for_ram(threads=1)
         with uform.Trainer.init_ram(executor, plan["config"], mesh) as trainer:
             for number, batch in enumerate(plan["batches"]):
                 if plan.get("die_after") == number:

@@ -827,9 +827,13 @@ def test_a_signal_to_one_process_stops_every_process_after_the_same_step(run, tm
 def test_a_mesh_config_is_checked_by_name(run, tmp_path, capsys):
     for mesh, message in (("host_domain_count = 0", "mesh.host_domain_count: 0"),
                           ("hosts = 2", "mesh.hosts: unknown field"),
-                          ('host_domain_count = 2\njob = "a/b"', "mesh.job")):
-        assert cli.main(["train", run("checked", **{"[run]": f"[mesh]\n{mesh}\ntimeout_minutes = 0.02\n\n[run]"})]) == 1
+                          ('host_domain_count = 2\njob = "a/b"', "mesh.job: 'a/b' is not one folder name"),
+                          ('host_domain_count = 2\njob = ""', "mesh.job: '' is not one folder name"),
+                          ("host_domain_count = 2\ntimeout_minutes = -1", "(0 waits the default 5)")):
+        extra = "" if "timeout_minutes" in mesh else "\ntimeout_minutes = 0.02"
+        assert cli.main(["train", run("checked", **{"[run]": f"[mesh]\n{mesh}{extra}\n\n[run]"})]) == 1
         assert message in capsys.readouterr().err
+        assert not (tmp_path / "runs" / "checked").exists()  # a refused config leaves no run folder
     assert cli.main(["train", run("checked", **{"[run]": MESH + "\n[run]"}), "--host-domain-index", "2"]) == 1
     assert "--host-domain-index: 2 is not below mesh.host_domain_count = 2" in capsys.readouterr().err
 
@@ -876,3 +880,28 @@ def test_a_second_run_of_one_folder_is_refused_while_the_first_trains(run, tmp_p
     (stopped,) = steps_in(str(tmp_path / "runs" / "held"))
     assert cli.main(["train", run("held", steps=stopped + 1, every=1000)]) == 0  # free once the first has ended
     assert steps_in(str(tmp_path / "runs" / "held")) == [stopped, stopped + 1]
+
+
+def test_a_signal_while_the_processes_meet_ends_the_wait_at_once(run, tmp_path):
+    config = os.path.abspath(run("alone", **{"[run]": "[mesh]\nhost_domain_count = 2\ntimeout_minutes = 10\n\n[run]"}))
+    child = start_process(config, 0, tmp_path)  # host domain 1 never comes
+    meeting = tmp_path / "runs" / "alone" / "mesh" / "train" / "rendezvous"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None and not meeting.exists():
+        time.sleep(0.02)
+    started = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    ((code, _, errors),) = finish_processes([child], limit=30)
+    assert code == 128 + signal.SIGTERM and time.monotonic() - started < 10, errors
+    assert "stopped by SIGTERM while the mesh's processes met; nothing saved yet" in errors
+
+
+def test_processes_whose_data_or_evaluation_differ_are_refused_naming_the_field(run, tmp_path):
+    first = os.path.abspath(run("first", **{"[run]": MESH + '\ndirectory = "meet"\n\n[run]'}))
+    second = os.path.abspath(run("second", **{"[run]": MESH + '\ndirectory = "meet"\n\n[run]',
+                                              "every_steps = 4": "every_steps = 5"}))
+    ended = finish_processes([start_process(first, 0, tmp_path), start_process(second, 1, tmp_path)])
+    assert [code for code, _, _ in ended] == [1, 1], ended
+    for _, _, errors in ended:
+        assert ("evaluation.every_steps: 4 on host domain 0, 5 on host domain 1; every process of a mesh trains one "
+                "run from one config") in errors

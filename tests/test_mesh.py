@@ -193,11 +193,16 @@ def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains
     assert_same_bits(first["weights"], second["weights"], "weights")
 
 
-def test_processes_of_different_configs_are_refused(tmp_path):
+def test_processes_of_different_configs_are_refused_naming_the_field(tmp_path):
     started = [start(tmp_path, p, 2, "configs", config=config("contrastive", seed=p), batches=[]) for p in range(2)]
-    for result in finish(started):
+    for p, result in enumerate(finish(started)):
         assert result["error"][0] == "InvalidArgument"
-        assert "config: host domain" in result["error"][1] and "differs" in result["error"][1]
+        assert result["error"][1] == (f"config.seed: {p} on host domain {p}, {1 - p} on host domain {1 - p}; every "
+                                      "process of a mesh trains one model")
+    nested = [start(tmp_path, p, 2, "nested", config=config("contrastive", schedule=dict(steps=20 + p)), batches=[])
+              for p in range(2)]
+    for p, result in enumerate(finish(nested)):
+        assert result["error"][1].startswith(f"config.schedule.steps: {20 + p} on host domain {p}, {21 - p} on host")
 
 
 def test_a_peer_that_never_comes_ends_the_wait_naming_it(tmp_path):
@@ -212,7 +217,9 @@ def test_a_peer_that_never_comes_ends_the_wait_naming_it(tmp_path):
 def test_a_peer_waits_for_host_domain_zero_until_its_timeout(tmp_path):
     (result,) = finish([start(tmp_path, 1, 2, "alone", timeout=1.5)])
     assert result["error"][0] == "PeerError"
-    assert "host domain 0 did not take host domain 1 in within 1.5 s" in result["error"][1]
+    assert "host domain 0 never opened the meeting under" in result["error"][1]
+    assert "within 1.5 s (no readable" in result["error"][1] and "start it, with the same directory and job" in \
+        result["error"][1]
     assert result["seconds"] < 1.5 + 5
 
 
@@ -279,7 +286,7 @@ def test_a_peer_silent_past_the_timeout_fails_the_step_naming_it(tmp_path):
                for p in range(2)]
     first, second = finish(started)
     assert first["error"][0] == "PeerError", first
-    assert "host domain 1 did not answer within the timeout" in first["error"][1]
+    assert "host domain 1 did not answer within the mesh's timeout" in first["error"][1]
     assert 3 <= first["waited"] < 3 + 2  # the mesh's timeout, not the peer's sleep
     # The silent one finds host domain 0 gone once it speaks again.
     assert second["error"][0] == "PeerError" and "host domain 0 hung up" in second["error"][1], second
@@ -321,6 +328,7 @@ def test_every_process_gathers_every_part_in_host_domain_order(tmp_path):
 def test_a_mesh_of_one_process_gathers_its_own_part():
     with uform.Executor.for_ram(threads=1) as executor, uform.Mesh.bootstrap(executor) as mesh:
         assert mesh.gather(b"alone") == [b"alone"] and mesh.gather(b"") == [b""]
+        assert mesh.gather(np.arange(3, dtype=np.uint16)) == [np.arange(3, dtype=np.uint16).tobytes()]
         with pytest.raises(uform.InvalidArgument, match="data: expected bytes"):
             mesh.gather("text")
 
@@ -359,3 +367,35 @@ def test_processes_must_start_from_one_checkpoint(tmp_path):
     for result in finish(started):
         assert "error" not in result, result
         assert result["stats"][0]["step"] == 3
+
+
+def test_abandon_ends_a_wait_for_peers_at_once(tmp_path):
+    """From another thread (or a signal handler): the meeting raises PeerError within moments, not at its timeout."""
+    timer = threading.Timer(0.5, uform.Mesh.abandon)
+    with uform.Executor.for_ram(threads=1) as executor:
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(uform.PeerError, match="abandoned while waiting for peers"):
+            uform.Mesh.bootstrap(executor, 0, 2, str(tmp_path), "abandoned", timeout=60)
+        assert time.monotonic() - started < 5
+        with uform.Mesh.bootstrap(executor) as mesh:  # a later mesh is not affected
+            assert mesh.gather(b"after") == [b"after"]
+
+
+def test_a_trainer_on_another_executor_is_refused_and_its_peers_fail_at_once(tmp_path):
+    started = [start(tmp_path, p, 2, "executors", timeout=60, config=config("contrastive"), batches=[],
+                     other_executor=p == 1) for p in range(2)]
+    first, second = finish(started)
+    assert second["error"] == ("InvalidArgument", "mesh: joined with another executor than this one")
+    assert first["error"][0] == "PeerError" and "host domain 1 hung up" in first["error"][1]
+    assert first["waited"] < 10  # not the mesh's 60 s timeout
+
+
+def test_a_gather_met_by_another_exchange_fails_naming_it(tmp_path):
+    """Host domain 1 gathers while host domain 0 makes its trainer: out of step, found out rather than read."""
+    started = [start(tmp_path, 0, 2, "astray", timeout=20, config=config("contrastive"), batches=[]),
+               start(tmp_path, 1, 2, "astray", timeout=20, gather=[b"astray"])]
+    first, second = finish(started)
+    assert second["error"][0] == "PeerError"
+    assert "host domain 0 is in another exchange (a step?) while this process gathers" in second["error"][1]
+    assert first["error"][0] == "PeerError" and "host domain 1 is in another exchange (a gather?)" in first["error"][1]

@@ -21,7 +21,7 @@ import importlib.machinery
 import os
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -374,9 +374,10 @@ class Mesh(_Native):
 
         A mesh of one process needs no peers. Several processes, each with a RAM executor, meet through files
         under `directory/job` (an existing folder every process sees; `job` is one folder name) and talk over
-        TCP sockets; `timeout` seconds (absent: 300) bound the wait for them, here and at every exchange of a
-        step. Raises `uform.PeerError` naming the host domains that never joined; `InvalidArgument` naming
-        `host_domain_index`, `directory`, `job` or `timeout`. See docs/python.md, "Meshes of several processes".
+        TCP sockets; `timeout` seconds (0 or absent: 300) bound the wait for them, here and at every exchange
+        of a step. Raises `uform.PeerError` naming the host domains that never joined; `InvalidArgument` naming
+        `host_domain_index`, `directory`, `job` or `timeout`. Ctrl-C (or any exception raised in this thread
+        meanwhile) ends the wait at once. See docs/python.md, "Meshes of several processes".
         """
         if not isinstance(executor, Executor):
             raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
@@ -387,7 +388,31 @@ class Mesh(_Native):
         seconds = 0.0 if timeout is None else real(timeout, "timeout")
         if not 0 <= seconds <= 1e9:  # named as the caller knows it: the C library's field is `timeout_seconds`
             raise InvalidArgument(f"timeout: {timeout!r} is not a number of seconds in [0, 1e9]")
-        native = _native.MeshHandle.bootstrap(executor._handle(), index, count, folder, name, seconds)
+        handle = executor._handle()
+        if count <= 1:
+            native = _native.MeshHandle.bootstrap(handle, index, count, folder, name, seconds)
+        else:  # the wait runs beside this thread, which stays free to take Ctrl-C and abandon it
+            met: Dict[str, Any] = {}
+
+            def meet() -> None:
+                try:
+                    met["native"] = _native.MeshHandle.bootstrap(handle, index, count, folder, name, seconds)
+                except BaseException as error:  # handed to the caller's thread
+                    met["error"] = error
+
+            meeting = threading.Thread(target=meet, name="uform-mesh-meeting", daemon=True)
+            meeting.start()
+            try:
+                meeting.join()
+            except BaseException:
+                Mesh.abandon()
+                meeting.join()
+                if "native" in met:
+                    met["native"].free()
+                raise
+            if "error" in met:
+                raise met["error"]
+            native = met["native"]
         mesh = cls.__new__(cls)
         mesh._native = native
         mesh._index, mesh._count = index, max(count, 1)
@@ -413,6 +438,13 @@ class Mesh(_Native):
         """The processes in the run: what `uform.data.Stream`'s `process_count` takes."""
         return self._count
 
+    @staticmethod
+    def abandon() -> None:
+        """Ends at once every wait for peers in progress in this process (a `bootstrap`, or an exchange of a
+        step or a gather): each raises `uform.PeerError`, and a mesh whose exchange it ends is broken. For a
+        program asked to stop while its peers are late or gone; safe from a signal handler."""
+        _native.mesh_abandon()
+
     def gather(self, data: Any) -> List[bytes]:
         """Every process's `data` (bytes), in host-domain order, on every process: what a training loop
         shares between steps, such as a stop one process was asked for, or its share of an evaluation.
@@ -422,9 +454,10 @@ class Mesh(_Native):
         when a peer hung up or stayed silent past the mesh's timeout.
         """
         native = self._handle()
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidArgument(f"data: expected bytes, got {type(data).__name__}")
-        part = bytes(data)
+        try:
+            part = bytes(memoryview(data).cast("B"))
+        except TypeError:
+            raise InvalidArgument(f"data: expected bytes, got {type(data).__name__}") from None
         return self._executor._worker_thread().run(lambda: native.gather(part), "gather")
 
     def free(self) -> None:

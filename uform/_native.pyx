@@ -200,6 +200,11 @@ cdef class ExecutorHandle(Handle):
         return executor
 
 
+def mesh_abandon():
+    """`uform_mesh_abandon`: every wait for peers in progress in this process ends at once."""
+    uform_mesh_abandon()
+
+
 cdef class MeshHandle(Handle):
     """One `uform_mesh_t`; it keeps its executor's handle alive."""
 

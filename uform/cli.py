@@ -38,7 +38,7 @@ from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards
 from .data.dataset import check_columns, refused_item
 from .data.readers import columns_of_first_record
 from .data.stream import CURSOR_KEYS, UnusableEpochs
-from .errors import Error, InvalidArgument, Unsupported
+from .errors import Error, InvalidArgument, PeerError, Unsupported
 from .logs import RunLog
 
 try:
@@ -230,6 +230,9 @@ def load_config(path: str) -> TrainConfig:
     if mesh.host_domain_count > 1 and run.device == "gpu":
         raise Unsupported("mesh.host_domain_count: meshes of several processes train on CPUs (run.device = \"cpu\"); "
                           "GPU meshes need NCCL, which this build lacks")
+    if not mesh.job or "/" in mesh.job or mesh.job in (".", "..") or len(mesh.job.encode()) > 200:
+        raise InvalidArgument(f"mesh.job: {mesh.job!r} is not one folder name (no '/', not '.' or '..', at most "
+                              "200 bytes)")
     mesh.directory = resolve(mesh.directory) if mesh.directory is not None else os.path.join(run.folder, "mesh")
     return TrainConfig(path, run, trainer, data, evaluation, checkpoints, mesh)
 
@@ -482,15 +485,19 @@ def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = 
 
 
 class _Stop:
-    """SIGINT and SIGTERM ask the run to stop after the step in flight; a second one stops it at once."""
+    """SIGINT and SIGTERM ask the run to stop after the step in flight; a second one stops it at once. While the
+    processes of a mesh meet, with no step to finish, the first one ends the wait for the others."""
 
     def __init__(self) -> None:
         self.signal: Optional[int] = None
+        self.meeting = False
         self._previous = {number: signal.signal(number, self._ask) for number in (signal.SIGINT, signal.SIGTERM)}
 
     def _ask(self, number: int, frame: Any) -> None:
         self.signal = number
         signal.signal(number, signal.SIG_DFL)
+        if self.meeting:
+            uform.Mesh.abandon()
 
     def restore(self) -> None:
         for number, handler in self._previous.items():
@@ -607,7 +614,8 @@ def _train(config_path: str, index: int) -> int:
         with Stream(config.data, trainer_config, process_index=index, process_count=count, cursor=cursor) as stream:
             held_out = read_held_out(config.evaluation) if config.evaluation else None
             executor, init = open_executor("cpu" if count > 1 else config.run.device, config.run.threads)
-            with executor, _joined(config.mesh, executor, index) as mesh, init(executor, trainer_config, mesh) as trainer:
+            with executor, _joined(config, executor, index, stop, len(stream.shards)) as mesh, \
+                    init(executor, trainer_config, mesh) as trainer:
                 stream.decode_ahead(trainer.decode)
                 try:
                     try:  # only now that the library took the config too
@@ -619,6 +627,10 @@ def _train(config_path: str, index: int) -> int:
                                            trainer_config.get("resume"), cursor, stop, mesh)
                 finally:
                     stream.close()  # its thread may be decoding with the trainer, which must be idle to be freed
+    except _Stopped:
+        print(f"uform: stopped by {signal.Signals(stop.signal).name} while the mesh's processes met; nothing saved "
+              "yet", file=sys.stderr)
+        return 128 + stop.signal
     finally:
         stop.restore()
 
@@ -648,20 +660,61 @@ def _held(folder: str) -> Any:
         yield  # closing the file lets go of the lock
 
 
-def _joined(mesh: MeshSection, executor: uform.Executor, index: int) -> Any:
-    """This process's place in the run's mesh, or a `with` block of None for a process alone."""
+def _joined(config: TrainConfig, executor: uform.Executor, index: int, stop: "_Stop", shards: int) -> Any:
+    """This process's place in the run's mesh, once every process is found to run the same config, or a `with`
+    block of None for a process alone."""
+    mesh = config.mesh
     if mesh.host_domain_count == 1:
         return contextlib.nullcontext()
+    if os.path.exists(mesh.directory) and not os.path.isdir(mesh.directory):
+        raise InvalidArgument(f"mesh.directory: {mesh.directory} is not a folder")
     try:
         os.makedirs(mesh.directory, exist_ok=True)
     except OSError as error:
         raise InvalidArgument(f"mesh.directory: {mesh.directory}: {error.strerror or error}") from None
+    stop.meeting = True
     try:
-        return uform.Mesh.bootstrap(executor, index, mesh.host_domain_count, mesh.directory, mesh.job,
-                                    timeout=60 * mesh.timeout_minutes)
+        joined = uform.Mesh.bootstrap(executor, index, mesh.host_domain_count, mesh.directory, mesh.job,
+                                      timeout=60 * mesh.timeout_minutes)
     except InvalidArgument as error:  # named as this command's config names the library's arguments
         message = re.sub(r"^(directory|job|timeout)\b", lambda m: f"mesh.{m.group(1)}", str(error))
         raise InvalidArgument(re.sub(r"^host_domain_index\b", "--host-domain-index", message)) from None
+    except PeerError:
+        if stop.signal is None:
+            raise
+        raise _Stopped() from None
+    finally:
+        stop.meeting = False
+    try:
+        _agreed(joined, config, shards)
+    except BaseException:
+        joined.free()
+        raise
+    return joined
+
+
+def _agreed(mesh: uform.Mesh, config: TrainConfig, shards: int) -> None:
+    """Every process of a mesh reads one sequence of the data and evaluates alike: the fields of `[data]` and
+    `[evaluation]` that shape them (the library compares `[trainer]`), and the number of shards, are the same on
+    every process, or every process refuses the run naming the first that differs. Paths may differ, as mounts do."""
+    facts = {f"data.{name}": value for name, value in dataclasses.asdict(config.data).items()
+             if name not in ("paths", "prefetch")}
+    facts["data.paths"] = f"{shards} shards"
+    if config.evaluation is not None:
+        facts.update({f"evaluation.{name}": getattr(config.evaluation, name)
+                      for name in ("columns", "format", "every_steps", "max_records")})
+    written = json.dumps(facts, sort_keys=True, default=str)
+    parts = [json.loads(part) for part in mesh.gather(written.encode())]
+    for name in sorted(set().union(*parts)):
+        values = [part.get(name) for part in parts]
+        for other, value in enumerate(values):
+            if value != values[0]:
+                raise InvalidArgument(f"{name}: {values[0]!r} on host domain 0, {value!r} on host domain {other}; "
+                                      "every process of a mesh trains one run from one config")
+
+
+class _Stopped(Exception):
+    """A signal ended the wait for a mesh's peers, before any step."""
 
 
 def _unusable_folder(folder: str, error: OSError) -> InvalidArgument:
@@ -734,13 +787,23 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                        mesh)
 
 
+def _flags(mesh: uform.Mesh, mine: bytes) -> List[bytes]:
+    """Every process's flags, as long as this process's: a part of another length means the processes called
+    different verbs, and the run cannot go on."""
+    parts = mesh.gather(mine)
+    if any(len(part) != len(mine) for part in parts):
+        raise PeerError("mesh: the processes are out of step (one is not where this one agrees on the next step); "
+                        "every process of a run must run the same `uform train` version and config")
+    return parts
+
+
 def _agree(stop: "_Stop", mesh: Optional[uform.Mesh], batch: Any) -> Tuple[bool, bool]:
     """(whether to stop before this batch, whether every process must let the step pass) on a mesh, where the
     processes step together: all stop when any was asked to (each taking the first signal any process got as
     its own), and none steps when a process has no usable record to bring. A process alone decides alone."""
     if mesh is None or mesh.host_domain_count == 1:
         return stop.signal is not None, False
-    parts = mesh.gather(bytes([stop.signal or 0, batch.batch is not None]))
+    parts = _flags(mesh, bytes([stop.signal or 0, batch.batch is not None]))
     asked = [part[0] for part in parts if part[0]]
     if asked and stop.signal is None:
         stop.signal = asked[0]
@@ -768,7 +831,7 @@ def _step(config, trainer, stream, batch, mesh=None, idle=False):
             retried = batch if theirs else stream.without_refused(batch, error)  # raises BadRecord under "refuse"
             # On a mesh every process retries, or none: the one at fault cannot when it found no record to drop.
             can = retried is not None and retried.batch is not None
-            if several and not all(part == b"\x01" for part in mesh.gather(bytes([can]))):
+            if several and not all(part == b"\x01" for part in _flags(mesh, bytes([can]))):
                 if theirs:
                     return None, batch, None  # this share was not at fault, and passes with the step
                 batch, retried = retried or batch, None
@@ -791,17 +854,18 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
     if stop.signal is not None:
         name = signal.Signals(stop.signal).name
         complete = checkpoints_in(saved_in)
+        again = (f"`uform train {config.path} --host-domain-index I` on every process"
+                 if mesh is not None and mesh.host_domain_count > 1 else f"`uform train {config.path}`")
         if index and cursor is not None:  # host domain 0 saves this step, perhaps still
-            then = f"host domain 0 saves step {step} in {saved_in}, from which `uform train {config.path}` resumes"
+            then = f"host domain 0 saves step {step} in {saved_in}, from which {again} resumes"
         else:
-            then = (f"`uform train {config.path}` resumes from {complete[-1][1]}" if complete
-                    else f"nothing saved yet; `uform train {config.path}` starts over")
+            then = (f"{again} resumes from {complete[-1][1]}" if complete else f"nothing saved yet; {again} starts over")
         print(f"uform: stopped by {name} at step {step}; {then}", file=sys.stderr)
         return 128 + stop.signal
     if held_out and evaluated_step != step:
         _evaluate(trainer, executor, config, held_out, log, step, mesh)
-    print(f"uform: trained to step {step}; checkpoints in {saved_in}, log in {log.path}"
-          + (f"; {bad} bad records skipped" if bad else ""))
+    written = f"host domain 0 writes the checkpoints in {saved_in}" if index else f"checkpoints in {saved_in}"
+    print(f"uform: trained to step {step}; {written}, log in {log.path}" + (f"; {bad} bad records skipped" if bad else ""))
     return 0
 
 
@@ -1100,7 +1164,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
         return 0
     except (Error, OSError) as error:
-        print(f"uform {args.command}: {error}", file=sys.stderr)
+        hint = ("; start every process of the run again (`uform train CONFIG --host-domain-index I`) to resume from "
+                "its newest checkpoint") if isinstance(error, PeerError) and args.command == "train" else ""
+        print(f"uform {args.command}: {error}{hint}", file=sys.stderr)
         return 1
 
 

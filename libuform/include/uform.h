@@ -535,6 +535,15 @@ UFORM_API uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, 
 UFORM_API void uform_mesh_gathered_free(void* gathered);
 
 /**
+ *  @brief Ends at once every wait for peers in progress in this process: a meeting (`uform_mesh_bootstrap`) or an
+ *  exchange of a step or a gather. Each fails within a fifth of a second with `uform_status_peer_k` ("abandoned"),
+ *  and a mesh whose exchange it ends is broken, as when a peer hangs up; waits that begin later are not affected.
+ *  Safe to call from a signal handler or any thread: what a program calls when asked to stop while its peers are
+ *  late or gone.
+ */
+UFORM_API void uform_mesh_abandon(void);
+
+/**
  *  @brief Starts or resumes a run on a CPU executor.
  *  @param[in] executor A RAM executor.
  *  @param[in] config Geometry, objectives, schedule; `config->resume` continues a checkpoint.

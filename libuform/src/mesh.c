@@ -24,6 +24,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,10 +37,19 @@
 
 enum {
     uform_mesh_magic_k = 0x6d726f66, /* "form": what a peer of this library says first */
+    uform_mesh_gather_mark_k = 0x72687467, /* "gthr": what leads every part of a gather */
     uform_mesh_welcome_k = 0,
     uform_mesh_wrong_count_k = 1,
     uform_mesh_taken_k = 2,
 };
+
+/* Bumped by `uform_mesh_abandon`: a wait for peers in progress then ends at once. */
+static volatile sig_atomic_t uform_abandons = 0;
+
+void uform_mesh_abandon(void) { uform_abandons = uform_abandons + 1; }
+
+/* How long one poll waits at most, so that a wait sees `uform_mesh_abandon` soon. */
+static int uform_poll_slice(double left) { return left > 0.2 ? 200 : (int)(left * 1000) + 1; }
 
 static double uform_now(void) {
     struct timespec now;
@@ -65,13 +75,17 @@ typedef struct uform_sockets_t {
 /* Waits until `socket` is ready for `events` or `deadline` passes; `doing` says what the message waits for. */
 static uform_status_t uform_socket_wait(int socket, short events, double deadline, uint32_t peer, char const* doing,
                                         char const** error) {
+    sig_atomic_t since = uform_abandons;
     for (;;) {
         double left = deadline - uform_now();
         if (left <= 0)
-            return uform_fail(error, uform_status_peer_k, "mesh: host domain %u did not answer within the timeout "
-                              "while %s", peer, doing);
+            return uform_fail(error, uform_status_peer_k, "mesh: host domain %u did not answer within the mesh's "
+                              "timeout while %s", peer, doing);
+        if (uform_abandons != since)
+            return uform_fail(error, uform_status_peer_k, "mesh: abandoned while waiting for host domain %u, %s",
+                              peer, doing);
         struct pollfd wanted = {.fd = socket, .events = events};
-        int ready = poll(&wanted, 1, left > 3600 ? 3600000 : (int)(left * 1000) + 1);
+        int ready = poll(&wanted, 1, uform_poll_slice(left));
         if (ready > 0) return uform_status_success_k; /* errors and hang-ups show in the read or write that follows */
         if (ready < 0 && errno != EINTR)
             return uform_fail(error, uform_status_peer_k, "mesh: waiting for host domain %u while %s: %s", peer, doing,
@@ -326,6 +340,7 @@ typedef struct uform_meeting_t {
     char folder[4096], file[4200];
     uint32_t index, count;
     double timeout, deadline;
+    sig_atomic_t abandons; /* `uform_abandons` when the meeting began */
 } uform_meeting_t;
 
 static uform_status_t uform_meeting_check(uform_meeting_t* m, uform_mesh_bootstrap_t const* config, char const** error) {
@@ -485,8 +500,11 @@ static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_socket
     while (status == uform_status_success_k && joined != m->count) {
         double left = m->deadline - uform_now();
         if (left <= 0) break;
+        if (uform_abandons != m->abandons)
+            status = uform_fail(error, uform_status_peer_k, "mesh: abandoned while waiting for peers under %s",
+                                m->folder);
         struct pollfd wanted = {.fd = listener, .events = POLLIN};
-        if (poll(&wanted, 1, (int)(left * 1000) + 1) <= 0) continue;
+        if (status != uform_status_success_k || poll(&wanted, 1, uform_poll_slice(left)) <= 0) continue;
         int peer = accept(listener, NULL, NULL);
         if (peer < 0 || !uform_socket_prepare(peer)) {
             if (peer >= 0) close(peer);
@@ -526,6 +544,9 @@ static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_socket
 static uform_status_t uform_meet_as_peer(uform_meeting_t const* m, uform_sockets_t* s, char const** error) {
     char why[512] = "", host[256] = "";
     while (uform_now() < m->deadline) {
+        if (uform_abandons != m->abandons)
+            return uform_fail(error, uform_status_peer_k, "mesh: abandoned while waiting for host domain 0 under %s",
+                              m->folder);
         uint8_t nonce[16];
         unsigned port = 0;
         int peer = -1;
@@ -572,6 +593,10 @@ static uform_status_t uform_meet_as_peer(uform_meeting_t const* m, uform_sockets
         verdict[length] = 0;
         return code ? uform_fail(error, (uform_status_t)code, "%s", (char const*)verdict + 4) : uform_status_success_k;
     }
+    if (!host[0]) /* no file of host domain 0 was ever read */
+        return uform_fail(error, uform_status_peer_k, "timeout: host domain 0 never opened the meeting under %s within "
+                          "%g s (no readable %s): start it, with the same directory and job", m->folder, m->timeout,
+                          m->file);
     return uform_fail(error, uform_status_peer_k, "timeout: host domain 0 did not take host domain %u in within %g s "
                       "under %s (last: %s)", m->index, m->timeout, m->folder, why);
 }
@@ -582,7 +607,7 @@ static uform_status_t uform_mesh_meet(uform_mesh_bootstrap_t const* config, uint
     uform_meeting_t meeting = {.index = config->host_domain_index, .count = count};
     meeting.timeout = config->timeout_seconds > 0 ? config->timeout_seconds : 300;
     UFORM_TRY(uform_meeting_check(&meeting, config, error));
-    meeting.deadline = uform_now() + meeting.timeout;
+    meeting.deadline = uform_now() + meeting.timeout, meeting.abandons = uform_abandons;
     uform_sockets_t* s = calloc(1, sizeof(uform_sockets_t));
     int* peers = calloc(count, sizeof(int));
     if (!s || !peers) {
@@ -656,13 +681,31 @@ uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, size_t byt
     if (status != uform_status_success_k) return status;
     uform_mesh_s* joined = object;
     if (joined->host_domain_count > 1) {
-        size_t* measured = malloc(joined->host_domain_count * sizeof(size_t));
-        status = measured ? uform_mesh_all_gather(joined, data, bytes, (uint8_t**)gathered, measured, error)
-                          : uform_fail(error, uform_status_out_of_memory_k, "no memory for %u sizes",
-                                       joined->host_domain_count);
-        for (uint32_t p = 0; status == uform_status_success_k && p != joined->host_domain_count; ++p)
-            sizes[p] = measured[p];
-        free(measured);
+        /* Each part goes behind a mark, so that a process in another exchange (a step) is found out, not read. */
+        uint32_t count = joined->host_domain_count, mark = uform_mesh_gather_mark_k;
+        size_t* measured = malloc(count * sizeof(size_t));
+        uint8_t *marked = malloc(4 + bytes), *all = NULL;
+        if (!measured || !marked) status = uform_fail(error, uform_status_out_of_memory_k, "no memory to gather");
+        if (status == uform_status_success_k) {
+            memcpy(marked, &mark, 4);
+            if (bytes) memcpy(marked + 4, data, bytes);
+            status = uform_mesh_all_gather(joined, marked, 4 + bytes, &all, measured, error);
+        }
+        size_t at = 0, kept = 0;
+        for (uint32_t p = 0; status == uform_status_success_k && p != count; at += measured[p++]) {
+            uint32_t theirs = 0;
+            if (measured[p] >= 4) memcpy(&theirs, all + at, 4);
+            if (theirs != mark) {
+                uform_mesh_break(joined);
+                status = uform_fail(error, uform_status_peer_k, "mesh: host domain %u is in another exchange (a "
+                                    "step?) while this process gathers; every process calls the same verbs in the "
+                                    "same order", p);
+                break;
+            }
+            memmove(all + kept, all + at + 4, measured[p] - 4), kept += measured[p] - 4, sizes[p] = measured[p] - 4;
+        }
+        if (status == uform_status_success_k) *gathered = all, all = NULL;
+        free(all), free(marked), free(measured);
     } else if (!(*gathered = malloc(bytes ? bytes : 1)))
         status = uform_fail(error, uform_status_out_of_memory_k, "no memory to gather %zu bytes", bytes);
     else {

@@ -9,6 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -112,12 +113,56 @@ static uform_status_t uform_trainer_share(uform_trainer_s* trainer, uform_status
     size_t at = 0;
     for (uint32_t p = 0; p != trainer->mesh->host_domain_count; at += sizes[p++]) {
         if (sizes[p] >= 4) memcpy(&code, *gathered + at, 4);
+        if (sizes[p] >= 4 && code > uform_status_peer_k) /* no status: another exchange's bytes */
+            return uform_fail(error, uform_status_peer_k, "mesh: host domain %u is in another exchange (a gather?) "
+                              "while this process makes its trainer; every process calls the same verbs in the same "
+                              "order", p);
         if (sizes[p] < 4 || code != uform_status_success_k)
             return uform_fail(error, sizes[p] < 4 ? uform_status_peer_k : (uform_status_t)code,
                               "host domain %u could not make its trainer: %.*s", p, (int)(sizes[p] > 4 ? sizes[p] - 4 : 0),
                               (char const*)*gathered + at + 4);
     }
     return uform_status_success_k;
+}
+
+/* The value at `at` in a config's JSON, up to the next comma or brace, as text. */
+static void uform_json_value(char const* json, size_t length, size_t at, char* value, size_t capacity) {
+    while (at < length && json[at] == ' ') ++at;
+    size_t end = at, depth = 0;
+    while (end != length && (depth || (json[end] != ',' && json[end] != '}'))) {
+        depth += json[end] == '[', depth -= json[end] == ']' && depth;
+        ++end;
+    }
+    snprintf(value, capacity, "%.*s", (int)(end - at), json + at);
+}
+
+/* Where two configs' JSON first differ: the field's path (`schedule.learning_rate`) and both values, so that a
+   refusal names the field rather than quote a config whole. */
+static void uform_config_difference(char const* ours, size_t our_length, char const* theirs, size_t their_length,
+                                    char* field, char* our_value, char* their_value) {
+    size_t at = 0;
+    while (at != our_length && at != their_length && ours[at] == theirs[at]) ++at;
+    /* Walk to the difference keeping each object's current key: the path is the keys of the objects open there. */
+    char keys[8][48] = {{0}};
+    size_t value = 0, depth = 0;
+    for (size_t i = 0; i < at; ++i) {
+        if (ours[i] == '{') ++depth;
+        else if (ours[i] == '}' && depth) --depth;
+        else if (ours[i] == '"') {
+            size_t start = ++i;
+            while (i < our_length && ours[i] != '"') i += ours[i] == '\\' ? 2 : 1;
+            if (i + 1 < our_length && ours[i + 1] == ':' && depth && depth <= 8) {
+                snprintf(keys[depth - 1], sizeof(keys[0]), "%.*s", (int)(i - start), ours + start);
+                value = i + 2;
+            }
+        }
+    }
+    size_t used = 0;
+    field[0] = 0;
+    for (size_t d = 0; d != depth && d != 8 && used < 128; ++d)
+        used += (size_t)snprintf(field + used, 128 - used, "%s%s", d ? "." : "", keys[d]);
+    uform_json_value(ours, our_length, value, our_value, 64);
+    uform_json_value(theirs, their_length, value, their_value, 64);
 }
 
 /* On a mesh of several processes, every process's trainer must train the same model: the processes share their
@@ -141,10 +186,13 @@ static uform_status_t uform_trainer_agree(uform_trainer_s* trainer, uform_status
         if (sizes[p] < 8 || !devices_of[p] || devices_of[p] > 64)
             status = uform_fail(error, uform_status_peer_k, "mesh: host domain %u sent %zu bytes of its config", p,
                                 sizes[p]);
-        else if (their_length != length || memcmp(theirs + 4, trainer->config_json, length))
-            status = uform_fail(error, uform_status_invalid_argument_k, "config: host domain %u's differs from host "
-                                "domain %u's; every process of a mesh trains one model: %.*s", p,
-                                mesh->host_domain_index, (int)their_length, theirs + 4);
+        else if (their_length != length || memcmp(theirs + 4, trainer->config_json, length)) {
+            char field[128], ours[64], others[64];
+            uform_config_difference(trainer->config_json, length, theirs + 4, their_length, field, ours, others);
+            status = uform_fail(error, uform_status_invalid_argument_k, "config.%s: %s on host domain %u, %s on host "
+                                "domain %u; every process of a mesh trains one model", field, ours,
+                                mesh->host_domain_index, others, p);
+        }
     }
     free(mine), free(sizes), free(gathered);
     return status;
@@ -225,9 +273,11 @@ static uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uf
     if (status == uform_status_success_k && mesh)
         status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &peers, error);
     /* The mesh's processes meet with the executors they joined with, whose devices they count. */
-    if (status == uform_status_success_k && peers && ((uform_mesh_s*)peers)->transport &&
-        ((uform_mesh_s*)peers)->executor != devices)
+    if (status == uform_status_success_k && peers && ((uform_mesh_s*)peers)->executor != devices) {
         status = uform_fail(error, uform_status_invalid_argument_k, "mesh: joined with another executor than this one");
+        /* Its peers wait for this trainer: hang up on them rather than let them wait out the timeout. */
+        if (((uform_mesh_s*)peers)->transport) uform_mesh_break(peers);
+    }
     if (status == uform_status_success_k) status = uform_trainer_make(devices, peers, config, trainer, error);
     if (status != uform_status_success_k) uform_handles_release(devices), uform_handles_release(peers);
     return status;
