@@ -905,3 +905,16 @@ def test_processes_whose_data_or_evaluation_differ_are_refused_naming_the_field(
     for _, _, errors in ended:
         assert ("evaluation.every_steps: 4 on host domain 0, 5 on host domain 1; every process of a mesh trains one "
                 "run from one config") in errors
+
+
+def test_a_second_host_domain_zero_of_one_run_is_refused_before_it_meets(run, tmp_path):
+    config = os.path.abspath(run("twice", **{"[run]": "[mesh]\nhost_domain_count = 2\ntimeout_minutes = 1\n\n[run]"}))
+    first = start_process(config, 0, tmp_path)  # waits for host domain 1, holding the run folder
+    lock = tmp_path / "runs" / "twice" / ".lock"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (lock.exists() and lock.read_text()):
+        time.sleep(0.02)
+    ((code, _, errors),) = finish_processes([start_process(config, 0, tmp_path)], limit=30)
+    first.send_signal(signal.SIGTERM)
+    finish_processes([first], limit=30)
+    assert code == 1 and f"in use by another `uform train` (process {first.pid} on " in errors, errors

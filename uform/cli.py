@@ -611,18 +611,19 @@ def _train(config_path: str, index: int) -> int:
     stop = _Stop()
     try:
         # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
-        with Stream(config.data, trainer_config, process_index=index, process_count=count, cursor=cursor) as stream:
+        with Stream(config.data, trainer_config, process_index=index, process_count=count, cursor=cursor) as stream, \
+                contextlib.ExitStack() as holding:
+            if count > 1 and not index:  # host domain 0 holds the folder before the others meet it there
+                _made(folder)
+                holding.enter_context(_held(folder))
             held_out = read_held_out(config.evaluation) if config.evaluation else None
             executor, init = open_executor("cpu" if count > 1 else config.run.device, config.run.threads)
             with executor, _joined(config, executor, index, stop, len(stream.shards)) as mesh, \
                     init(executor, trainer_config, mesh) as trainer:
                 stream.decode_ahead(trainer.decode)
                 try:
-                    try:  # only now that the library took the config too
-                        os.makedirs(folder, exist_ok=True)
-                    except OSError as error:
-                        raise _unusable_folder(folder, error) from None
-                    with _held(folder) if not index else contextlib.nullcontext():  # host domain 0 holds it for all
+                    _made(folder)  # only now that the library took the config too
+                    with _held(folder) if count == 1 else contextlib.nullcontext():
                         return _train_loop(config, trainer, executor, stream, held_out, step, steps,
                                            trainer_config.get("resume"), cursor, stop, mesh)
                 finally:
@@ -633,6 +634,13 @@ def _train(config_path: str, index: int) -> int:
         return 128 + stop.signal
     finally:
         stop.restore()
+
+
+def _made(folder: str) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise _unusable_folder(folder, error) from None
 
 
 @contextlib.contextmanager
