@@ -195,14 +195,13 @@ def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains
 
 def test_processes_of_different_configs_are_refused_naming_the_field(tmp_path):
     started = [start(tmp_path, p, 2, "configs", config=config("contrastive", seed=p), batches=[]) for p in range(2)]
-    for p, result in enumerate(finish(started)):
-        assert result["error"][0] == "InvalidArgument"
-        assert result["error"][1] == (f"config.seed: {p} on host domain {p}, {1 - p} on host domain {1 - p}; every "
-                                      "process of a mesh trains one model")
+    for result in finish(started):  # the lower host domain first, on every process alike
+        assert result["error"] == ("InvalidArgument", "config.seed: 0 on host domain 0, 1 on host domain 1; every "
+                                   "process of a mesh trains one model")
     nested = [start(tmp_path, p, 2, "nested", config=config("contrastive", schedule=dict(steps=20 + p)), batches=[])
               for p in range(2)]
-    for p, result in enumerate(finish(nested)):
-        assert result["error"][1].startswith(f"config.schedule.steps: {20 + p} on host domain {p}, {21 - p} on host")
+    for result in finish(nested):
+        assert result["error"][1].startswith("config.schedule.steps: 20 on host domain 0, 21 on host domain 1;")
 
 
 def test_a_peer_that_never_comes_ends_the_wait_naming_it(tmp_path):
@@ -399,3 +398,31 @@ def test_a_gather_met_by_another_exchange_fails_naming_it(tmp_path):
     assert second["error"][0] == "PeerError"
     assert "host domain 0 is in another exchange (a step?) while this process gathers" in second["error"][1]
     assert first["error"][0] == "PeerError" and "host domain 1 is in another exchange (a gather?)" in first["error"][1]
+
+
+def test_a_step_met_by_a_gather_fails_on_both_sides_naming_it(tmp_path):
+    """Host domain 1 gathers after one step while host domain 0 takes a second: neither reads the other's bytes."""
+    trainer_config, whole = config("contrastive"), whole_batch(PAIRS)
+    started = [start(tmp_path, 0, 2, "crossed", timeout=20, config=trainer_config, batches=[share(whole, 0, 4)] * 2),
+               start(tmp_path, 1, 2, "crossed", timeout=20, config=trainer_config, batches=[share(whole, 4, 8)],
+                     gather_between=[b"x" * 64])]
+    first, second = finish(started)
+    assert first["error"][0] == "PeerError", first
+    assert "host domain 1 is in another exchange (a gather?) while this process steps" in first["error"][1]
+    assert second["error"][0] == "PeerError", second
+    assert "host domain 0 is in another exchange (a step?) while this process gathers" in second["error"][1]
+
+
+def test_ctrl_c_during_a_meeting_ends_it_and_lets_go_of_the_executor(tmp_path):
+    import signal
+
+    executor = uform.Executor.for_ram(threads=1)
+    main = threading.main_thread().ident
+    timer = threading.Timer(0.5, lambda: signal.pthread_kill(main, signal.SIGINT))  # Ctrl-C, to the waiting thread
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        uform.Mesh.bootstrap(executor, 0, 2, str(tmp_path), "interrupted", timeout=60)
+    assert time.monotonic() - started < 5
+    executor.free()  # nothing holds it any more
+    assert not (tmp_path / "interrupted" / "rendezvous").exists()

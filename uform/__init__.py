@@ -393,20 +393,26 @@ class Mesh(_Native):
             native = _native.MeshHandle.bootstrap(handle, index, count, folder, name, seconds)
         else:  # the wait runs beside this thread, which stays free to take Ctrl-C and abandon it
             met: Dict[str, Any] = {}
+            done = threading.Event()  # not the thread's own state, which an interrupted join() may leave wrong
 
             def meet() -> None:
                 try:
                     met["native"] = _native.MeshHandle.bootstrap(handle, index, count, folder, name, seconds)
                 except BaseException as error:  # handed to the caller's thread
                     met["error"] = error
+                finally:
+                    done.set()
 
-            meeting = threading.Thread(target=meet, name="uform-mesh-meeting", daemon=True)
-            meeting.start()
+            threading.Thread(target=meet, name="uform-mesh-meeting", daemon=True).start()
             try:
-                meeting.join()
+                done.wait()
             except BaseException:
-                Mesh.abandon()
-                meeting.join()
+                while not done.is_set():  # again until it ends: the wait may not have begun at the first call
+                    Mesh.abandon()
+                    try:
+                        done.wait(0.25)
+                    except BaseException:
+                        continue
                 if "native" in met:
                     met["native"].free()
                 raise

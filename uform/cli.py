@@ -1172,8 +1172,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
         return 0
     except (Error, OSError) as error:
-        hint = ("; start every process of the run again (`uform train CONFIG --host-domain-index I`) to resume from "
-                "its newest checkpoint") if isinstance(error, PeerError) and args.command == "train" else ""
+        hint = (f"; start every process of the run again (`uform train {args.config} --host-domain-index I`) to "
+                "resume from its newest checkpoint") if isinstance(error, PeerError) and args.command == "train" else ""
         print(f"uform {args.command}: {error}{hint}", file=sys.stderr)
         return 1
 

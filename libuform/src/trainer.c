@@ -189,9 +189,11 @@ static uform_status_t uform_trainer_agree(uform_trainer_s* trainer, uform_status
         else if (their_length != length || memcmp(theirs + 4, trainer->config_json, length)) {
             char field[128], ours[64], others[64];
             uform_config_difference(trainer->config_json, length, theirs + 4, their_length, field, ours, others);
+            int first = mesh->host_domain_index < p; /* the lower host domain first, alike on every process */
             status = uform_fail(error, uform_status_invalid_argument_k, "config.%s: %s on host domain %u, %s on host "
-                                "domain %u; every process of a mesh trains one model", field, ours,
-                                mesh->host_domain_index, others, p);
+                                "domain %u; every process of a mesh trains one model", field, first ? ours : others,
+                                first ? mesh->host_domain_index : p, first ? others : ours,
+                                first ? p : mesh->host_domain_index);
         }
     }
     free(mine), free(sizes), free(gathered);
