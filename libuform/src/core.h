@@ -111,6 +111,9 @@ uform_status_t uform_mesh_sum(uform_mesh_s* mesh, float* sum, float* scratch, fl
                               size_t parts_count, size_t length, char const** error);
 /** Breaks the mesh: a process that fails between collectives hangs up, so its peers fail rather than wait. */
 void uform_mesh_break(uform_mesh_s* mesh);
+/** Breaks the mesh and fails naming `peer`, found in another exchange (`theirs`) while this process `doing`. */
+uform_status_t uform_mesh_out_of_step(uform_mesh_s* mesh, uint32_t peer, char const* theirs, char const* doing,
+                                      char const** error);
 
 /** The CUDA backend, loaded from `libuform_vram.so` beside this library on first use; NULL with the
  *  message set when the build has none or no GPU answers. */

@@ -298,11 +298,8 @@ static uform_status_t uform_spread_share(uform_spread_t* s, uform_status_t statu
     for (uint32_t p = 0; p != s->processes; at += s->sizes[p++]) {
         uint32_t code = 0;
         if (s->sizes[p] >= sizeof(code)) memcpy(&code, *gathered + at, sizeof(code));
-        if (s->sizes[p] >= sizeof(code) && code > uform_status_peer_k) { /* no status: another exchange's bytes */
-            uform_mesh_break(s->mesh);
-            return uform_fail(error, uform_status_peer_k, "mesh: host domain %u is in another exchange (a gather?) "
-                              "while this process steps; every process calls the same verbs in the same order", p);
-        }
+        if (s->sizes[p] >= sizeof(code) && code > uform_status_peer_k) /* no status: another exchange's bytes */
+            return uform_mesh_out_of_step(s->mesh, p, "a gather?", "steps", error);
         if (s->sizes[p] < sizeof(code) || code != uform_status_success_k)
             return uform_fail(error, code ? (uform_status_t)code : uform_status_peer_k,
                               "host domain %u refused its share of the step: %.*s", p,

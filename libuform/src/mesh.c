@@ -309,6 +309,13 @@ void uform_mesh_break(uform_mesh_s* mesh) {
     pthread_mutex_unlock(&mesh->lock);
 }
 
+uform_status_t uform_mesh_out_of_step(uform_mesh_s* mesh, uint32_t peer, char const* theirs, char const* doing,
+                                      char const** error) {
+    uform_mesh_break(mesh);
+    return uform_fail(error, uform_status_peer_k, "mesh: host domain %u is in another exchange (%s) while this process "
+                      "%s; every process calls the same verbs in the same order", peer, theirs, doing);
+}
+
 uform_status_t uform_mesh_all_gather(uform_mesh_s* mesh, void const* mine, size_t bytes, uint8_t** gathered,
                                      size_t* sizes, char const** error) {
     UFORM_TRY(uform_mesh_enter(mesh, error));
@@ -696,10 +703,7 @@ uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, size_t byt
             uint32_t theirs = 0;
             if (measured[p] >= 4) memcpy(&theirs, all + at, 4);
             if (theirs != mark) {
-                uform_mesh_break(joined);
-                status = uform_fail(error, uform_status_peer_k, "mesh: host domain %u is in another exchange (a "
-                                    "step?) while this process gathers; every process calls the same verbs in the "
-                                    "same order", p);
+                status = uform_mesh_out_of_step(joined, p, "a step?", "gathers", error);
                 break;
             }
             memmove(all + kept, all + at + 4, measured[p] - 4), kept += measured[p] - 4, sizes[p] = measured[p] - 4;

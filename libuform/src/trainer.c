@@ -114,9 +114,7 @@ static uform_status_t uform_trainer_share(uform_trainer_s* trainer, uform_status
     for (uint32_t p = 0; p != trainer->mesh->host_domain_count; at += sizes[p++]) {
         if (sizes[p] >= 4) memcpy(&code, *gathered + at, 4);
         if (sizes[p] >= 4 && code > uform_status_peer_k) /* no status: another exchange's bytes */
-            return uform_fail(error, uform_status_peer_k, "mesh: host domain %u is in another exchange (a gather?) "
-                              "while this process makes its trainer; every process calls the same verbs in the same "
-                              "order", p);
+            return uform_mesh_out_of_step(trainer->mesh, p, "a gather?", "makes its trainer", error);
         if (sizes[p] < 4 || code != uform_status_success_k)
             return uform_fail(error, sizes[p] < 4 ? uform_status_peer_k : (uform_status_t)code,
                               "host domain %u could not make its trainer: %.*s", p, (int)(sizes[p] > 4 ? sizes[p] - 4 : 0),
