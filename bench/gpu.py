@@ -3,13 +3,16 @@
     python bench/gpu.py                      # the three geometries of the performance target
     python bench/gpu.py --geometry 12 512 64 512 --steps 30
     python bench/gpu.py --geometry 12 512 64 512 --determinism fast   # the runs' last bits may vary
+    python bench/gpu.py --geometry 12 512 64 512 --in-flight 1        # each step waited for before the next
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile  # and each kernel's share
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile --timeline step.txt  # and one step's kernels
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
 bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
 attracting and every other pair repelling under SigLIP's sigmoid loss. It prints one JSON line
-per run with tokens/s, the step time, MFU against a bf16 8192^3 matrix product timed in this run,
+per run with tokens/s, the step time (uform's deferred steps kept two submitted, as the peer's
+loop keeps its device queued: the next step's batch is packed and queued while the device runs
+this one), MFU against a bf16 8192^3 matrix product timed in this run,
 uform's host share (the part of a step spent validating, packing and queueing the upload before
 the GPU can start: `stats.host_seconds` over the step's time), and
 device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
@@ -17,6 +20,7 @@ ratio of uform to the compiled peer. `torch` must be installed; the peer's modes
 compiled.
 """
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -35,7 +39,7 @@ def flops_per_token(depth, hidden, cols):
     return 6 * parameters + 6 * 2 * depth * cols * hidden
 
 
-def kernel_shares(trainer, batch, torch, steps=3, timeline=None):
+def kernel_shares(trainer, batch, torch, in_flight, steps=8, timeline=None):
     """Each kernel's device time a step over `steps` steps under torch's profiler (which sees every
     library's kernels in the process), largest first, then the device's idle time between kernels
     and its largest gaps with the kernels on either side, printed to stderr."""
@@ -43,8 +47,7 @@ def kernel_shares(trainer, batch, torch, steps=3, timeline=None):
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
-        for _ in range(steps):
-            trainer.step(batch)
+        timed_steps(trainer, batch, steps, 0, in_flight)
     rows = [(getattr(e, "self_device_time_total", 0), e.count, e.key) for e in profiled.key_averages()]
     rows = sorted((r for r in rows if r[0] > 0), reverse=True)
     total = sum(r[0] for r in rows)
@@ -108,23 +111,40 @@ def host_calls(profiled, steps, timeline=None):
                 file.write(f"{(b[0] - a[1]) / 1e3:8.1f} {(b[1] - b[0]) / 1e3:8.1f} {host:4} {b[3][:100]}\n")
 
 
-def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism, profile=False):
+def timed_steps(trainer, batch, steps, warmup, in_flight):
+    """Seconds a step over `steps` after `warmup`, keeping `in_flight` deferred steps submitted (1: each waited for
+    before the next is submitted, as a blocking loop does), and the timed steps' stats."""
+    deferred, pending, landed, times = trainer.deferred(), collections.deque(), [], []
+    for step in range(warmup + steps):
+        if step == warmup:
+            while pending:
+                pending.popleft().wait()
+            start = time.perf_counter()
+        pending.append(deferred.step(batch))
+        while len(pending) >= in_flight:
+            landed.append(pending.popleft().wait().stats)
+            times.append(time.perf_counter())
+    while pending:
+        landed.append(pending.popleft().wait().stats)
+        times.append(time.perf_counter())
+    gaps = sorted(b - a for a, b in zip(times[-steps:], times[-steps + 1:]))
+    print(f"steps landed every {1e3 * gaps[0]:.2f} to {1e3 * gaps[-1]:.2f} ms, median {1e3 * gaps[len(gaps) // 2]:.2f}",
+          file=sys.stderr)
+    return (time.perf_counter() - start) / steps, landed[-steps:]
+
+
+def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism, in_flight, profile=False):
     batch, config = peer_step(depth, hidden, rows, cols)
     config = dict(config, determinism=determinism)
     free_before = torch.cuda.mem_get_info()[0]
     with uform.Executor.for_vram() as executor, uform.Trainer.init_vram(executor, config) as trainer:
-        host = 0.0
-        for step in range(warmup + steps):
-            if step == warmup:
-                start = time.perf_counter()
-            stats = trainer.step(batch).stats
-            host += stats.host_seconds if step >= warmup else 0.0
-        seconds = (time.perf_counter() - start) / steps
+        seconds, landed = timed_steps(trainer, batch, steps, warmup, in_flight)
+        host, stats = sum(s.host_seconds for s in landed), landed[-1]
         held = free_before - torch.cuda.mem_get_info()[0]
         if profile:
-            kernel_shares(trainer, batch, torch, timeline=profile if isinstance(profile, str) else None)
+            kernel_shares(trainer, batch, torch, in_flight, timeline=profile if isinstance(profile, str) else None)
     tokens_per_s = rows * cols / seconds
-    return dict(peer="uform", determinism=determinism, depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
+    return dict(peer="uform", determinism=determinism, in_flight=in_flight, depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
                 host_share=host / steps / seconds, peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)
 
@@ -144,6 +164,8 @@ def main():
     parser.add_argument("--no-peer", action="store_true", help="time uform alone")
     parser.add_argument("--profile", action="store_true", help="then print each kernel's share of 3 more steps")
     parser.add_argument("--timeline", help="with --profile: write one step's kernels, each with the gap before it, here")
+    parser.add_argument("--in-flight", type=int, default=2,
+                        help="deferred steps kept submitted (1: each waited for, as a blocking loop does)")
     parser.add_argument("--determinism", choices=["bitwise", "fast"], default="bitwise", help="uform's TrainerConfig.determinism")
     args = parser.parse_args()
     peer = load_peer()
@@ -152,7 +174,7 @@ def main():
     peak = peer.peak_bf16_tflops()
     for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
         ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism,
-                         args.profile and (args.timeline or True))
+                         args.in_flight, args.profile and (args.timeline or True))
         print(json.dumps(ours), flush=True)
         if args.no_peer:
             continue

@@ -80,7 +80,7 @@ from .config import (
     unsigned,
     unsigned_array,
 )
-from .deferred import Deferred, Worker, stop_on_collect
+from .deferred import Deferred, TwoPhase, Worker, stop_on_collect
 from .errors import Busy, DeviceError, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, PeerError, StorageError, Unsupported
 from .outputs import _ITEM_BYTES, Arena, Rows, Scalar, Stats, Stepped
 
@@ -654,32 +654,44 @@ class Trainer(_OnExecutor):
         `lookahead`, for deferred steps, decodes the batch's media while the steps submitted before it run."""
         native = self._handle()
         inputs, decoded, holder = self._inputs(batch)
+        releases = [] if holder is None else [holder._release]
+
+        def release() -> None:
+            for each in releases:
+                each()
+
         try:
             settings = normalize_step_config(config)
             arena, scalar, hidden = settings["arena"], settings["outputs_scalar"], self._hidden
             c_scalar = _native.C_ENUMS["scalar"][scalar.value]
-            ahead = None
-
-            def step() -> Stepped:
-                try:
-                    landing = None
-                    if arena is not None:
-                        landing = arena._reserve(inputs.count * hidden * _ITEM_BYTES[scalar])
-                    stats = Stats(native.step(inputs, landing, c_scalar, decoded if ahead is None else ahead.result()))
-                    rows = None if arena is None else Rows(landing, scalar, (inputs.count, hidden))
-                    return Stepped(stats, rows)
-                finally:
-                    if holder is not None:
-                        holder._release()
-
-            call = step if arena is None else arena._claim_for(step, "config.arena")
+            if arena is not None:
+                releases.append(arena._claim("config.arena"))
         except BaseException:
-            if holder is not None:
-                holder._release()
+            release()
             raise
+        ahead, landing = None, None
+
+        # The library borrows the inputs, the landing and the decoded media from begin to end.
+        def begin() -> None:
+            nonlocal landing
+            try:
+                if arena is not None:
+                    landing = arena._reserve(inputs.count * hidden * _ITEM_BYTES[scalar])
+                native.step_begin(inputs, landing, c_scalar, decoded if ahead is None else ahead.result())
+            except BaseException:
+                release()
+                raise
+
+        def end() -> Stepped:
+            try:
+                stats = Stats(native.step_end(inputs))
+                return Stepped(stats, None if arena is None else Rows(landing, scalar, (inputs.count, hidden)))
+            finally:
+                release()
+
         if lookahead is not None and decoded is None and inputs.has_media:  # last: nothing after it raises
             ahead = lookahead.submit(lambda: native.decode(inputs))
-        return call
+        return TwoPhase(begin, end, self._executor.kind == "vram")
 
     def _save_call(self, path: Any, weights_only: Any, note: Any):
         native = self._handle()

@@ -385,6 +385,14 @@ cdef class StepInputs:
         self.repel.fill(&self.step.repel, batch["repel"])
         self.ignore.fill(&self.step.ignore, batch["ignore"])
 
+    cdef int ready(self, embeddings, int scalar, DecodedHandle decoded) except -1:
+        """Points the step at its media decoded ahead and at where its embeddings land, and clears its stats."""
+        self.step.decoded = NULL if decoded is None else decoded.live()
+        self.step.embeddings = _landing(embeddings)
+        self.step.embeddings_scalar = <uform_scalar_t>scalar
+        memset(&self.step.stats, 0, sizeof(uform_trainer_stats_t))
+        return 0
+
     @property
     def count(self):
         return self.step.count
@@ -447,6 +455,9 @@ cdef class DecodedHandle(Handle):
     def __cinit__(self):
         self.noun = "decoded batch"
         self.release = uform_decoded_free
+
+
+ctypedef uform_status_t (*stepping_t)(uform_trainer_t, uform_trainer_step_t*, const char**) noexcept nogil
 
 
 cdef class TrainerHandle(Handle):
@@ -514,18 +525,30 @@ cdef class TrainerHandle(Handle):
         decoded.handle = made
         return decoded
 
-    def step(self, StepInputs inputs, embeddings, int scalar, DecodedHandle decoded=None):
-        """Runs one step; `embeddings` is a writable uint8 array of items x hidden scalars, or None."""
+    cdef int _stepping(self, stepping_t verb, str name, StepInputs inputs) except -1:
+        """Calls one of the step's verbs on `inputs`, without the GIL."""
         cdef const char* message = NULL
         cdef uform_status_t status
         cdef uform_trainer_t trainer = self.live()
-        inputs.step.decoded = NULL if decoded is None else decoded.live()
-        inputs.step.embeddings = _landing(embeddings)
-        inputs.step.embeddings_scalar = <uform_scalar_t>scalar
-        memset(&inputs.step.stats, 0, sizeof(uform_trainer_stats_t))
         with nogil:
-            status = uform_trainer_step(trainer, &inputs.step, &message)
-        check(status, message, "uform_trainer_step")
+            status = verb(trainer, &inputs.step, &message)
+        return check(status, message, name)
+
+    def step(self, StepInputs inputs, embeddings, int scalar, DecodedHandle decoded=None):
+        """Runs one step; `embeddings` is a writable uint8 array of items x hidden scalars, or None."""
+        inputs.ready(embeddings, scalar, decoded)
+        self._stepping(uform_trainer_step, "uform_trainer_step", inputs)
+        return _stats(&inputs.step.stats)
+
+    def step_begin(self, StepInputs inputs, embeddings, int scalar, DecodedHandle decoded=None):
+        """Queues one step and returns before it lands; `inputs`, `embeddings` and `decoded` stay borrowed until
+        `step_end`."""
+        inputs.ready(embeddings, scalar, decoded)
+        self._stepping(uform_trainer_step_begin, "uform_trainer_step_begin", inputs)
+
+    def step_end(self, StepInputs inputs):
+        """Waits for the earliest step begun, which must be `inputs`'s, and answers its stats."""
+        self._stepping(uform_trainer_step_end, "uform_trainer_step_end", inputs)
         return _stats(&inputs.step.stats)
 
     def save(self, bytes path, bint weights_only, bytes note):

@@ -6,7 +6,7 @@ import enum
 import math
 import threading
 from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -128,17 +128,22 @@ class Arena:
         self._capacity = 0
         self._held = threading.Lock()  # from a verb's submission until it finishes, released on the worker
 
-    def _claim_for(self, call: Any, path: str) -> Any:
-        """`call`, holding the arena from now until it returns or raises; `Busy` naming `path` if another holds it."""
+    def _claim(self, path: str) -> Callable[[], None]:
+        """Holds the arena from now until the answer is called; `Busy` naming `path` if another holds it."""
         if not self._held.acquire(blocking=False):
             raise Busy(f"{path}: a verb still in flight lands in this Arena; "
                        "each deferred step in flight needs its own Arena")
+        return self._held.release
+
+    def _claim_for(self, call: Any, path: str) -> Any:
+        """`call`, holding the arena from now until it returns or raises; `Busy` naming `path` if another holds it."""
+        release = self._claim(path)
 
         def holding() -> Any:
             try:
                 return call()
             finally:
-                self._held.release()
+                release()
 
         return holding
 

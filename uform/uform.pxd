@@ -254,6 +254,8 @@ cdef extern from "uform.h" nogil:
     uform_status_t uform_trainer_init_vram(uform_executor_t executor, const uform_trainer_init_vram_t* config,
                                            uform_mesh_t mesh, uform_trainer_t* trainer, const char** error)
     uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, const char** error)
+    uform_status_t uform_trainer_step_begin(uform_trainer_t trainer, uform_trainer_step_t* step, const char** error)
+    uform_status_t uform_trainer_step_end(uform_trainer_t trainer, uform_trainer_step_t* step, const char** error)
     uform_status_t uform_trainer_decode(uform_trainer_t trainer, const uform_trainer_step_t* step,
                                         uform_decoded_t* decoded, const char** error)
     uform_status_t uform_decoded_free(uform_decoded_t decoded, const char** error)

@@ -574,8 +574,38 @@ UFORM_API uform_status_t uform_trainer_init_vram(uform_executor_t executor, ufor
  *  batches side by side in host-domain order (`uform_mesh_bootstrap`). A share any process refuses is refused by
  *  every process, each naming the host domain that refused it, and the next step trains as if it never came. A peer
  *  that hangs up or stays silent past the mesh's timeout fails the step with `uform_status_peer_k`.
+ *
+ *  Refused with `uform_status_busy_k` while a step begun with `uform_trainer_step_begin` has not ended.
  */
 UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_trainer_step_t* step, char const** error);
+
+/**
+ *  @brief Queues one step and returns before it lands, so the host readies the next while a GPU runs this one.
+ *  @param[in] trainer The run.
+ *  @param[inout] step The batch in; `uform_trainer_step_end` writes the stats and the embeddings.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_busy_k` while two steps are begun and not ended; a refused batch as `uform_trainer_step`
+ *  refuses it, with nothing queued.
+ *
+ *  `uform_trainer_step` is this and `uform_trainer_step_end` at once. A loop that begins step k + 1 before ending
+ *  step k keeps a GPU busy between steps: the next batch is validated, packed and uploaded, and its work queued,
+ *  while the device runs the one before. Every step still applies in order, exactly as one after another: a step
+ *  begun before the one ahead of it lands is queued as if that one applies, and where it is skipped instead (its
+ *  loss or gradient not finite) the library runs the step behind it again before either ends. `step`, and every
+ *  buffer it points into, stay borrowed until its end. On the CPU, and on meshes and executors of several
+ *  devices, the step runs whole before this returns. Saving, probing and reading the weights are refused
+ *  (`uform_status_busy_k`) while a step is begun and not ended.
+ */
+UFORM_API uform_status_t uform_trainer_step_begin(uform_trainer_t trainer, uform_trainer_step_t* step,
+                                                  char const** error);
+
+/**
+ *  @brief Waits for the earliest step begun to land and writes its stats, and its embeddings when asked.
+ *  @return `uform_status_invalid_argument_k` when `step` is not the earliest begun: steps end in the order they
+ *  began. A failure of the device reports here, and the step ends all the same.
+ */
+UFORM_API uform_status_t uform_trainer_step_end(uform_trainer_t trainer, uform_trainer_step_t* step,
+                                                char const** error);
 
 /**
  *  @brief Decodes a batch's media (images, video, audio) into tokens ahead of its step, on every core,

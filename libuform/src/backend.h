@@ -103,6 +103,10 @@ typedef struct uform_update_t {
     float clip_norm;       /* gradients scale by clip_norm / norm when the norm exceeds it */
     uform_terms_t terms;   /* which losses count toward the total, and their weights */
     uint64_t step;         /* this update's number, from 1: AdamW's bias corrections */
+    /* A step queued before the one ahead of it has landed applies only where that one did: `after` is the earlier
+       update's verdict (NULL when the host knew it), and `verdict` receives this one's, 1 where it applied. */
+    int32_t const* after;
+    int32_t* verdict;
 } uform_update_t;
 
 /* The rules below are written once, for the host and the device alike, so they never disagree. */
@@ -197,6 +201,13 @@ typedef void (*uform_host_release_t)(void* context, void* pointer);
 /** Copies between host and device. An upload may run after it returns: keep the source unchanged
  *  until the next `synchronize`. A download has landed when it returns. */
 typedef uform_status_t (*uform_transfer_t)(void* context, void* destination, void const* source, size_t bytes);
+/** Fences let the host queue the next step's work before the last one lands (`uform_trainer_step_begin`). A
+ *  fence marks the queue's end as it is now, in one of `uform_fences_k` slots (a slot set again moves on);
+ *  waiting on it returns once everything queued before it has run, reporting an asynchronous failure as
+ *  `synchronize` does. `fetch` is a download that has landed once a fence set after it is waited on. Backends
+ *  that run each operation before returning (the CPU) leave all three NULL: nothing of theirs is ever in flight. */
+enum { uform_fences_k = 4 };
+typedef uform_status_t (*uform_fence_t)(void* context, unsigned slot);
 typedef uform_status_t (*uform_zero_t)(void* context, void* destination, size_t bytes);
 /** float32 (count) to activations (count): the compute copy of freshly loaded weights. */
 typedef uform_status_t (*uform_convert_t)(void* context, void* activations, float const* source, size_t count);
@@ -362,6 +373,8 @@ typedef struct uform_backend_t {
     uform_host_allocate_t host_allocate;
     uform_host_release_t host_release;
     uform_transfer_t upload, download, copy; /* host to device, device to host, device to device */
+    uform_fence_t fence, fence_wait;         /* optional, with `fetch` */
+    uform_transfer_t fetch;
     uform_zero_t zero;
     uform_convert_t convert; /* NULL when activations are float32 */
 

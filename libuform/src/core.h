@@ -299,6 +299,9 @@ typedef struct uform_block_activations_t {
  *  activations that every block reuses, the final states, the pooled means and the uploaded items; the
  *  other buffers stay NULL.
  */
+/* Steps a trainer holds begun and not ended, at most (`uform_trainer_step_begin`). */
+enum { uform_flights_k = 2 };
+
 typedef struct uform_replica_t {
     uform_backend_t const* backend;
     void* context;
@@ -323,6 +326,7 @@ typedef struct uform_replica_t {
     float* d_pooled;   /* (segments, hidden) */
     float* normalized; /* (segments, hidden) unit-norm embeddings */
     double* scalars;   /* (uform_scalars_k) the step's losses and squared norm */
+    int32_t* verdicts; /* (uform_flights_k) whether each step in flight applied its update */
     float* scored;     /* (2 x groups) the inverse temperatures' logarithms and biases the step scored with */
     float* probabilities; /* (segments x max choices) each offered byte's probability */
     /* the packed batch, uploaded */

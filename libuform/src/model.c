@@ -77,6 +77,7 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     UFORM_BUFFER(r->normalized, segments * h * floats);
     /* The scored temperatures and biases follow the scalars in one buffer: the stats read both in one copy. */
     UFORM_BUFFER(r->scalars, uform_scalars_k * sizeof(double) + 2 * (size_t)layout->temperature_groups * floats);
+    UFORM_BUFFER(r->verdicts, uform_flights_k * sizeof(int32_t));
     UFORM_BUFFER(r->targets, tokens * words);
     UFORM_BUFFER(r->order, tokens * words);
     UFORM_BUFFER(r->order_offsets, (uform_vocabulary_k + 1) * words);
@@ -100,7 +101,7 @@ static size_t uform_replica_buffers(uform_replica_t* r, uform_layout_t const* la
     return n;
 }
 
-enum { uform_replica_buffers_k = 68 }; /* fixed buffers beside 11 per block */
+enum { uform_replica_buffers_k = 69 }; /* fixed buffers beside 11 per block */
 
 uform_status_t uform_replica_init(uform_replica_t* replica, uform_executor_s const* executor,
                                   uform_layout_t const* layout, uform_config_t const* config, int training,

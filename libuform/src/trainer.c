@@ -4,7 +4,8 @@
  *
  *  A step is four passes over device-sized buffers: pack (host), forward, losses, backward
  *  (`model.c`, on the backend), then the update: one global gradient norm, a skip when anything
- *  is not finite, clipping, AdamW per tensor. Steps on one trainer are serialized by its lock. On a RAM
+ *  is not finite, clipping, AdamW per tensor. Steps on one trainer are serialized by its lock; on a backend
+ *  that queues (a GPU), a step may begin, packed and queued, before the one ahead of it lands. On a RAM
  *  executor of several simulated devices, `devices.c` spreads the passes over them and sums their gradients first.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -15,6 +16,23 @@
 #include <time.h>
 
 #include "core.h"
+
+/* A step begun and not yet ended (`uform_trainer_step_begin`): what its end needs once the device has run it. */
+typedef struct uform_flight_t {
+    uform_trainer_step_t* step;  /* the caller's, borrowed until its end */
+    uform_trainer_stats_t stats; /* its counts once queued, the rest once settled */
+    uform_terms_t terms;
+    uint64_t next;               /* its update's number, if it applies */
+    float rate;
+    int settled;                 /* run and read back: `stats` is whole and `trainer.step` counts it */
+    int guessed;                 /* queued before the step ahead of it landed, as if that one applies */
+} uform_flight_t;
+
+/* The step's scalars and its scored temperatures and biases, as the replica's buffer lays them out. */
+typedef struct uform_read_t {
+    double scalars[uform_scalars_k];
+    float scored[2 * UFORM_MAX_TEMPERATURE_GROUPS];
+} uform_read_t;
 
 typedef struct uform_trainer_s {
     uform_serial_t serial;
@@ -27,9 +45,19 @@ typedef struct uform_trainer_s {
     uform_spread_t* spread; /* the other simulated devices of a RAM executor of several; NULL on one device */
     uform_trainer_t self; /* the handle callers know it by: what decoded media name as their trainer */
     uint64_t step; /* updates applied so far */
+    uform_flight_t flights[uform_flights_k]; /* the steps begun and not ended: `flying` of them from `oldest` */
+    unsigned flying, oldest;
+    int fenced;           /* the backend queues: a step may begin before the one ahead of it lands */
+    uform_read_t* reads;  /* (uform_flights_k) where each flight's scalars are fetched: pinned on a GPU */
     uint64_t fingerprint; /* a hash of the weights and moments it started from, for a mesh's processes to compare */
     char config_json[4096];
 } uform_trainer_s;
+
+/* An operation's failure carries its message in this thread's storage: hand it to the caller. */
+static uform_status_t uform_trainer_failed(uform_status_t status, char const** error) {
+    if (error) *error = uform_message();
+    return status;
+}
 
 /* Device `d`'s replica: the trainer's own is device 0's. */
 static uform_replica_t* uform_trainer_replica(uform_trainer_s* trainer, uint32_t d) {
@@ -41,6 +69,7 @@ static uint32_t uform_trainer_devices(uform_trainer_s const* trainer) {
 }
 
 static void uform_trainer_release(uform_trainer_s* trainer) {
+    if (trainer->reads) trainer->replica.backend->host_release(trainer->replica.context, trainer->reads);
     uform_spread_free(trainer->spread);
     uform_model_close(&trainer->layout, &trainer->replica, &trainer->packed);
     pthread_mutex_destroy(&trainer->serial.lock);
@@ -245,6 +274,13 @@ static uform_status_t uform_trainer_make(uform_executor_s* executor, uform_mesh_
         status = uform_spread_init(&made->spread, executor, &made->config, &made->layout, &made->replica,
                                    &made->packed, several ? mesh : NULL, devices_of, error);
     free(devices_of);
+    uform_backend_t const* backend = made->replica.backend;
+    made->fenced = backend && backend->fence && !made->spread;
+    if (status == uform_status_success_k && made->fenced) {
+        status = backend->host_allocate(made->replica.context, uform_flights_k * sizeof(uform_read_t),
+                                        (void**)&made->reads);
+        if (status != uform_status_success_k) uform_trainer_failed(status, error);
+    }
     if (status == uform_status_success_k) status = uform_trainer_start(made, error);
     if (agreed) status = uform_trainer_agree_start(made, status, error), agreed = status == uform_status_success_k;
     if (status == uform_status_success_k) {
@@ -303,34 +339,12 @@ static uform_status_t uform_trainer_enter(uform_trainer_t handle, uform_trainer_
 
 static void uform_trainer_leave(uform_trainer_s* trainer) { uform_handles_leave(trainer); }
 
-/* Reads the step's scalars and scored temperatures once, after the backend has synchronized. */
-static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_stats_t* stats, uform_terms_t terms,
-                                       double* scalars, uform_packed_t const* counted) {
-    uform_layout_t const* layout = &trainer->layout;
-    uform_replica_t const* replica = &trainer->replica;
-    uform_backend_t const* backend = replica->backend;
-    uint32_t groups = layout->temperature_groups;
-    struct { /* the replica's buffer as laid out: its scalars, then the scored temperatures and biases */
-        double scalars[uform_scalars_k];
-        float scored[2 * UFORM_MAX_TEMPERATURE_GROUPS];
-    } read;
-    uform_status_t status = backend->download(replica->context, &read, replica->scalars,
-                                              sizeof(read.scalars) + 2 * groups * sizeof(float));
-    if (status != uform_status_success_k) return status;
-    float const* scored = read.scored;
-    memcpy(scalars, read.scalars, sizeof(read.scalars));
+/* A step's counts, known once it is packed. */
+static void uform_stats_count(uform_trainer_stats_t* stats, uform_terms_t terms, uform_packed_t const* counted,
+                              uint32_t groups) {
     memset(stats, 0, sizeof(*stats));
-    stats->loss = uform_terms_ran(terms) ? (float)uform_total_loss(scalars, terms) : NAN;
-    stats->masked_loss = terms.masked_ran ? (float)scalars[uform_scalar_masked_loss_k] : NAN;
-    stats->contrastive_loss = terms.contrastive_ran ? (float)scalars[uform_scalar_contrastive_loss_k] : NAN;
-    stats->choices_loss = terms.choices_ran ? (float)scalars[uform_scalar_choices_loss_k] : NAN;
-    stats->late_interaction_loss = terms.late_ran ? (float)scalars[uform_scalar_late_interaction_loss_k] : NAN;
-    float* media_losses[uform_media_kinds_k] = {&stats->image_loss, &stats->video_loss, &stats->audio_loss};
-    for (int kind = 0; kind != uform_media_kinds_k; ++kind) {
-        *media_losses[kind] = terms.media_ran[kind] ? (float)scalars[uform_scalar_media_loss_k + kind] : NAN;
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind)
         stats->masked_patches += terms.media_ran[kind] ? counted->media_hidden[kind] : 0;
-    }
-    stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     stats->items = counted->segments_count;
     stats->tokens = counted->tokens_count;
     stats->truncated_items = counted->truncated;
@@ -339,9 +353,23 @@ static uform_status_t uform_stats_fill(uform_trainer_s* trainer, uform_trainer_s
     stats->choice_items = terms.choices_ran ? counted->choices_count : 0;
     stats->query_rows = terms.late_ran ? counted->late_rows_counted : 0;
     stats->temperature_groups = groups;
+}
+
+/* A step's losses, norm and scored temperatures, from its read scalars. */
+static void uform_stats_score(uform_trainer_stats_t* stats, uform_terms_t terms, uform_read_t const* read) {
+    double const* scalars = read->scalars;
+    uint32_t groups = stats->temperature_groups;
+    stats->loss = uform_terms_ran(terms) ? (float)uform_total_loss(scalars, terms) : NAN;
+    stats->masked_loss = terms.masked_ran ? (float)scalars[uform_scalar_masked_loss_k] : NAN;
+    stats->contrastive_loss = terms.contrastive_ran ? (float)scalars[uform_scalar_contrastive_loss_k] : NAN;
+    stats->choices_loss = terms.choices_ran ? (float)scalars[uform_scalar_choices_loss_k] : NAN;
+    stats->late_interaction_loss = terms.late_ran ? (float)scalars[uform_scalar_late_interaction_loss_k] : NAN;
+    float* media_losses[uform_media_kinds_k] = {&stats->image_loss, &stats->video_loss, &stats->audio_loss};
+    for (int kind = 0; kind != uform_media_kinds_k; ++kind)
+        *media_losses[kind] = terms.media_ran[kind] ? (float)scalars[uform_scalar_media_loss_k + kind] : NAN;
+    stats->grad_norm = (float)sqrt(scalars[uform_scalar_norm_squared_k]);
     for (uint32_t g = 0; g != groups; ++g)
-        stats->inverse_temperatures[g] = expf(scored[g]), stats->biases[g] = scored[groups + g];
-    return status;
+        stats->inverse_temperatures[g] = expf(read->scored[g]), stats->biases[g] = read->scored[groups + g];
 }
 
 static uint16_t uform_f32_to_f16(float value) {
@@ -405,25 +433,22 @@ uform_status_t uform_embeddings_export(uform_replica_t const* replica, float con
     return uform_status_success_k;
 }
 
-/* An operation's failure carries its message in this thread's storage: hand it to the caller. */
-static uform_status_t uform_trainer_failed(uform_status_t status, char const** error) {
-    if (error) *error = uform_message();
-    return status;
-}
-
 static double uform_seconds(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
 }
 
-/* Validates, packs and runs the passes; `update` decides whether the optimizer applies them. */
-static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
-                                         double* prepared, char const** error) {
+/* Validates and packs the flight's step as update `flight->next`, then queues its passes and, when `update`, its
+   update. On a backend that queues, the step's scalars are fetched behind them and fences mark both ends. */
+static uform_status_t uform_trainer_queue(uform_trainer_s* trainer, uform_flight_t* flight, int update,
+                                          char const** error) {
+    uform_trainer_step_t* step = flight->step;
+    double start = uform_seconds(), prepared = start;
     if (step->embeddings && (unsigned)step->embeddings_scalar > uform_scalar_i8_k)
         return uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
                           (int)step->embeddings_scalar);
-    uint64_t next = trainer->step + 1;
+    uint64_t next = flight->next;
     void* decoded = NULL;
     uform_status_t status = step->decoded ? uform_handles_acquire(step->decoded, uform_handle_decoded_k, "step.decoded",
                                                                   &decoded, error)
@@ -445,25 +470,29 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
     uform_packed_t const* counted = spread ? &spread->whole : &trainer->packed;
     uform_terms_t terms = uform_model_terms(config, counted);
     float rate = uform_schedule_rate(&config->given.schedule, next);
+    unsigned slot = (unsigned)(flight - trainer->flights);
+    void* context = replica->context;
     if (spread) {
-        *prepared = uform_seconds();
+        prepared = uform_seconds();
         status = uform_spread_gradients(spread, layout, config, error);
     } else {
         status = uform_model_upload(replica, &trainer->packed, 1);
-        *prepared = uform_seconds();
+        if (status == uform_status_success_k && trainer->fenced) status = backend->fence(context, 2 * slot);
+        prepared = uform_seconds();
         if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
     }
     /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. Every device
        holds the same summed gradients and updates alike. */
     uint32_t devices = uform_trainer_devices(trainer);
-    for (uint32_t d = 0; d != devices && status == uform_status_success_k && update && uform_terms_ran(terms); ++d) {
-        replica = uform_trainer_replica(trainer, d);
-        uform_update_t adamw = {.weights = replica->weights,
-                                .compute = backend->convert ? replica->compute : NULL,
-                                .gradients = replica->gradients,
-                                .first = replica->first,
-                                .second = replica->second,
-                                .scalars = replica->scalars,
+    int updating = update && uform_terms_ran(terms);
+    for (uint32_t d = 0; d != devices && status == uform_status_success_k && updating; ++d) {
+        uform_replica_t* device = uform_trainer_replica(trainer, d);
+        uform_update_t adamw = {.weights = device->weights,
+                                .compute = backend->convert ? device->compute : NULL,
+                                .gradients = device->gradients,
+                                .first = device->first,
+                                .second = device->second,
+                                .scalars = device->scalars,
                                 .learning_rate = rate,
                                 .beta1 = config->beta1,
                                 .beta2 = config->beta2,
@@ -471,50 +500,149 @@ static uform_status_t uform_trainer_work(uform_trainer_s* trainer, uform_trainer
                                 .weight_decay = config->weight_decay,
                                 .clip_norm = config->clip_norm,
                                 .terms = terms,
-                                .step = next};
-        status = backend->adamw(replica->context, &adamw);
+                                .step = next,
+                                .after = flight->guessed ? replica->verdicts + (slot ^ 1) : NULL,
+                                .verdict = trainer->fenced ? replica->verdicts + slot : NULL};
+        status = backend->adamw(device->context, &adamw);
     }
-    for (uint32_t d = 0; d != devices && status == uform_status_success_k; ++d)
-        status = backend->synchronize(uform_trainer_replica(trainer, d)->context);
-    replica = &trainer->replica;
-    double scalars[uform_scalars_k];
-    if (status == uform_status_success_k)
-        status = uform_stats_fill(trainer, &step->stats, terms, scalars, counted);
+    if (trainer->fenced) { /* a step queued behind this one reads its verdict: none queued is a skip */
+        if (status == uform_status_success_k && update && !updating)
+            status = backend->zero(context, replica->verdicts + slot, sizeof(int32_t));
+        if (status == uform_status_success_k)
+            status = backend->fetch(context, &trainer->reads[slot], replica->scalars,
+                                    sizeof(double) * uform_scalars_k + 2 * layout->temperature_groups * sizeof(float));
+        if (status == uform_status_success_k) status = backend->fence(context, 2 * slot + 1);
+    }
     if (status != uform_status_success_k) {
         if (trainer->mesh && trainer->mesh->transport) uform_mesh_break(trainer->mesh); /* the peers would wait */
         return uform_trainer_failed(status, error);
     }
-    if (spread) step->stats.items = spread->items; /* this process's; the other counts are the whole step's */
+    flight->terms = terms, flight->rate = rate, flight->settled = 0;
+    uform_stats_count(&flight->stats, terms, counted, layout->temperature_groups);
+    if (spread) flight->stats.items = spread->items; /* this process's; the other counts are the whole step's */
+    flight->stats.host_seconds = prepared - start;
+    return uform_status_success_k;
+}
+
+/* Waits for the flight's step to land, reads its scalars, hands back its embeddings and counts its update. When the
+   update was skipped, a step queued behind it on the guess that it applied is queued again, as the next update. */
+static uform_status_t uform_trainer_settle(uform_trainer_s* trainer, uform_flight_t* flight, int update,
+                                           char const** error) {
+    uform_replica_t* replica = &trainer->replica;
+    uform_backend_t const* backend = replica->backend;
+    uform_layout_t const* layout = &trainer->layout;
+    uform_spread_t* spread = trainer->spread;
+    unsigned slot = (unsigned)(flight - trainer->flights);
+    uform_read_t read;
+    uform_status_t status = uform_status_success_k;
+    if (trainer->fenced) {
+        status = backend->fence_wait(replica->context, 2 * slot + 1);
+        if (status == uform_status_success_k) memcpy(&read, &trainer->reads[slot], sizeof(read));
+    } else {
+        for (uint32_t d = 0; d != uform_trainer_devices(trainer) && status == uform_status_success_k; ++d)
+            status = backend->synchronize(uform_trainer_replica(trainer, d)->context);
+        if (status == uform_status_success_k)
+            status = backend->download(replica->context, &read, replica->scalars,
+                                       sizeof(read.scalars) + 2 * layout->temperature_groups * sizeof(float));
+    }
+    if (status != uform_status_success_k) {
+        if (trainer->mesh && trainer->mesh->transport) uform_mesh_break(trainer->mesh);
+        return uform_trainer_failed(status, error);
+    }
+    flight->settled = 1;
+    uform_trainer_step_t* step = flight->step;
+    uform_terms_t terms = flight->terms;
+    uform_stats_score(&flight->stats, terms, &read);
     if (step->embeddings) {
         /* Spread over devices, the gathered embeddings are in item order; this process's run of them is the caller's. */
         int contrastive = terms.contrastive_ran;
         size_t first = spread ? spread->first_item * layout->hidden : 0;
-        size_t items = spread ? spread->items : counted->segments_count;
         float const* normalized = (spread ? spread->normalized : replica->normalized) + first;
         float const* pooled = (spread ? spread->pooled : replica->pooled) + first;
-        status = uform_embeddings_export(replica, contrastive ? normalized : pooled, items, layout->hidden,
+        status = uform_embeddings_export(replica, contrastive ? normalized : pooled, flight->stats.items, layout->hidden,
                                          !contrastive, step->embeddings, step->embeddings_scalar, error);
         if (status != uform_status_success_k) return status;
     }
-    step->stats.learning_rate = rate;
-    step->stats.step = trainer->step;
+    flight->stats.learning_rate = flight->rate;
+    flight->stats.step = trainer->step;
     if (!update) return uform_status_success_k;
     /* The backend judged the same scalars with the same rule, so the update it skipped is the one reported. */
-    if (!uform_terms_ran(terms) || uform_update_poisoned(scalars, terms)) {
-        step->stats.skipped = 1;
-        return uform_status_success_k;
-    }
-    trainer->step = next;
-    step->stats.step = next;
-    return uform_status_success_k;
+    int skipped = !uform_terms_ran(terms) || uform_update_poisoned(read.scalars, terms);
+    if (skipped) flight->stats.skipped = 1;
+    else trainer->step = flight->next, flight->stats.step = flight->next;
+    uform_flight_t* behind = trainer->flying == uform_flights_k && flight == &trainer->flights[trainer->oldest]
+                                 ? &trainer->flights[trainer->oldest ^ 1]
+                                 : NULL;
+    if (!behind || !behind->guessed) return uform_status_success_k;
+    behind->guessed = 0;
+    if (!skipped) return uform_status_success_k; /* the guess held */
+    /* The device skipped its update too, having read this one's verdict: run it again as the update it is. */
+    behind->next = trainer->step + 1;
+    status = backend->fence_wait(replica->context, 2 * (unsigned)(behind - trainer->flights)); /* packed is free */
+    if (status != uform_status_success_k) return uform_trainer_failed(status, error);
+    return uform_trainer_queue(trainer, behind, 1, error);
 }
 
+/* Queues a step behind those in flight; on a backend that does not queue, runs it whole. */
+static uform_status_t uform_trainer_begin(uform_trainer_s* trainer, uform_trainer_step_t* step, char const** error) {
+    if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
+    if (trainer->flying == uform_flights_k)
+        return uform_fail(error, uform_status_busy_k,
+                          "step: %d steps begun and not ended already; end the earliest (uform_trainer_step_end) "
+                          "before beginning another", (int)uform_flights_k);
+    uform_flight_t* ahead = trainer->flying ? &trainer->flights[trainer->oldest] : NULL;
+    uform_status_t status = uform_status_success_k;
+    /* Its embeddings lie in buffers this step overwrites: hand them back first. */
+    if (ahead && !ahead->settled && ahead->step->embeddings) status = uform_trainer_settle(trainer, ahead, 1, error);
+    if (status != uform_status_success_k) return status;
+    uform_flight_t* flight = &trainer->flights[(trainer->oldest + trainer->flying) % uform_flights_k];
+    memset(flight, 0, sizeof(*flight));
+    flight->step = step;
+    flight->guessed = ahead && !ahead->settled; /* queued as if the step ahead applies: `settle` corrects a miss */
+    flight->next = trainer->step + 1 + (uint64_t)flight->guessed;
+    if (ahead && trainer->fenced) { /* the packed batch is uploaded from until the fence behind its copies */
+        status = trainer->replica.backend->fence_wait(trainer->replica.context, 2 * (unsigned)(ahead - trainer->flights));
+        if (status != uform_status_success_k) return uform_trainer_failed(status, error);
+    }
+    status = uform_trainer_queue(trainer, flight, 1, error);
+    if (status == uform_status_success_k && !trainer->fenced) status = uform_trainer_settle(trainer, flight, 1, error);
+    if (status == uform_status_success_k) ++trainer->flying;
+    return status;
+}
+
+/* Ends the earliest step in flight: waits for it and answers its stats. */
+static uform_status_t uform_trainer_end(uform_trainer_s* trainer, uform_trainer_step_t* step, char const** error) {
+    if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
+    if (!trainer->flying)
+        return uform_fail(error, uform_status_invalid_argument_k, "step: no step begun (uform_trainer_step_begin) to end");
+    uform_flight_t* flight = &trainer->flights[trainer->oldest];
+    if (flight->step != step)
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "step: not the earliest step begun; steps end in the order they began");
+    uform_status_t status = flight->settled ? uform_status_success_k : uform_trainer_settle(trainer, flight, 1, error);
+    trainer->oldest = (trainer->oldest + 1) % uform_flights_k, --trainer->flying;
+    if (status == uform_status_success_k) step->stats = flight->stats;
+    return status;
+}
+
+/* Verbs that read the weights or run a step of their own are refused while a step begun has not ended. */
+static uform_status_t uform_trainer_idle(uform_trainer_s const* trainer, char const* verb, char const** error) {
+    if (!trainer->flying) return uform_status_success_k;
+    return uform_fail(error, uform_status_busy_k,
+                      "trainer: %u step%s begun and not ended; end %s (uform_trainer_step_end) before %s",
+                      trainer->flying, trainer->flying > 1 ? "s" : "", trainer->flying > 1 ? "them" : "it", verb);
+}
+
+/* Runs a step alone: validated, packed, run and read back before it returns; `update` decides whether it applies. */
 static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_step_t* step, int update,
                                         char const** error) {
     if (!step) return uform_fail(error, uform_status_invalid_argument_k, "step: NULL");
-    double start = uform_seconds(), prepared = start;
-    uform_status_t status = uform_trainer_work(trainer, step, update, &prepared, error);
-    if (status == uform_status_success_k) step->stats.host_seconds = prepared - start; /* a refused step writes nothing */
+    uform_flight_t* flight = &trainer->flights[trainer->oldest];
+    memset(flight, 0, sizeof(*flight));
+    flight->step = step, flight->next = trainer->step + 1;
+    uform_status_t status = uform_trainer_queue(trainer, flight, update, error);
+    if (status == uform_status_success_k) status = uform_trainer_settle(trainer, flight, update, error);
+    if (status == uform_status_success_k) step->stats = flight->stats; /* a refused step writes nothing */
     return status;
 }
 
@@ -522,7 +650,26 @@ uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* 
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    status = uform_trainer_run(trainer, step, 1, error);
+    status = uform_trainer_idle(trainer, "a blocking step", error);
+    if (status == uform_status_success_k) status = uform_trainer_run(trainer, step, 1, error);
+    uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_step_begin(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
+    if (status != uform_status_success_k) return status;
+    status = uform_trainer_begin(trainer, step, error);
+    uform_trainer_leave(trainer);
+    return status;
+}
+
+uform_status_t uform_trainer_step_end(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
+    uform_trainer_s* trainer;
+    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
+    if (status != uform_status_success_k) return status;
+    status = uform_trainer_end(trainer, step, error);
     uform_trainer_leave(trainer);
     return status;
 }
@@ -580,7 +727,8 @@ uform_status_t uform_trainer_probe(uform_trainer_t handle, uform_trainer_step_t*
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    status = uform_trainer_run(trainer, step, 0, error);
+    status = uform_trainer_idle(trainer, "a probe", error);
+    if (status == uform_status_success_k) status = uform_trainer_run(trainer, step, 0, error);
     if (status == uform_status_success_k && gradients) {
         status = trainer->replica.backend->download(trainer->replica.context, gradients, trainer->replica.gradients,
                                                     trainer->layout.total * sizeof(float));
@@ -595,7 +743,8 @@ uform_status_t uform_trainer_weights(uform_trainer_t handle, float* weights, siz
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
     if (total) *total = trainer->layout.total;
-    if (weights) {
+    if (weights) status = uform_trainer_idle(trainer, "reading the weights", error);
+    if (weights && status == uform_status_success_k) {
         status = trainer->replica.backend->download(trainer->replica.context, weights, trainer->replica.weights,
                                                     trainer->layout.total * sizeof(float));
         if (status != uform_status_success_k) uform_trainer_failed(status, error);
@@ -610,6 +759,11 @@ static uform_status_t uform_trainer_write(uform_trainer_t handle, char const* pa
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
+    status = uform_trainer_idle(trainer, "saving", error);
+    if (status != uform_status_success_k) {
+        uform_trainer_leave(trainer);
+        return status;
+    }
     if (trainer->mesh && trainer->mesh->host_domain_index != 0) { /* only process zero writes */
         uform_trainer_leave(trainer);
         return uform_status_success_k;

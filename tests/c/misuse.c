@@ -377,6 +377,27 @@ static void config_misuse(uform_executor_t executor) {
     CHECK(trainer == NULL);
 }
 
+/* Steps begun end in order, two at most; verbs that read the weights wait for none, they are refused. */
+static void steps_in_flight_misuse(uform_executor_t executor, char const* path) {
+    char const* error = NULL;
+    uform_trainer_init_vram_t config = small_config(11);
+    uform_trainer_t trainer = NULL;
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error) == uform_status_success_k);
+    uform_trainer_step_t first = small_step(), second = small_step(), third = small_step();
+    REFUSED(uform_trainer_step_begin(trainer, NULL, &error), uform_status_invalid_argument_k, "step: NULL");
+    REFUSED(uform_trainer_step_end(trainer, &first, &error), uform_status_invalid_argument_k, "no step begun");
+    CHECK(uform_trainer_step_begin(trainer, &first, &error) == uform_status_success_k);
+    CHECK(uform_trainer_step_begin(trainer, &second, &error) == uform_status_success_k);
+    REFUSED(uform_trainer_step_begin(trainer, &third, &error), uform_status_busy_k, "end the earliest");
+    REFUSED(uform_trainer_step_end(trainer, &second, &error), uform_status_invalid_argument_k, "not the earliest");
+    REFUSED(uform_trainer_step(trainer, &third, &error), uform_status_busy_k, "before a blocking step");
+    REFUSED(uform_trainer_save(trainer, path, &error), uform_status_busy_k, "before saving");
+    CHECK(uform_trainer_step_end(trainer, &first, &error) == uform_status_success_k && first.stats.step == 1);
+    CHECK(uform_trainer_step_end(trainer, &second, &error) == uform_status_success_k && second.stats.step == 2);
+    CHECK(uform_trainer_step(trainer, &third, &error) == uform_status_success_k && third.stats.step == 3);
+    CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);
+}
+
 int main(int argc, char** argv) {
     char const* path = argc > 1 ? argv[1] : "misuse.safetensors";
     char const* error = NULL;
@@ -453,6 +474,7 @@ int main(int argc, char** argv) {
                     "mesh: 1 live trainer(s) borrow it; free them first"); /* only a trainer borrows a mesh */
     CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
     CHECK(uform_trainer_save(trainer, path, &error) == uform_status_success_k);
+    steps_in_flight_misuse(executor, path);
 
     uform_encoder_t encoder = NULL;
     CHECK(uform_encoder_load(executor, path, &encoder, NULL, &error) == uform_status_success_k);

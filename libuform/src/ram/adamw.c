@@ -31,8 +31,9 @@ static void uform_ram_adamw_tensor(void* context, float* weights, float const* g
  *  a round of blocks at a time so the partial sums live on the stack.
  */
 uform_status_t uform_ram_adamw(void* context, uform_update_t const* u) {
-    if (uform_update_poisoned(u->scalars, u->terms))
-        return uform_status_success_k;
+    int skip = uform_update_poisoned(u->scalars, u->terms) || (u->after && !*u->after);
+    if (u->verdict) *u->verdict = !skip;
+    if (skip) return uform_status_success_k;
     double norm = sqrt(u->scalars[uform_scalar_norm_squared_k]);
     float scale = norm > u->clip_norm ? (float)(u->clip_norm / norm) : 1.0f;
     uform_layout_t const* layout = ((uform_ram_context_t const*)context)->layout;

@@ -172,12 +172,14 @@ __device__ __forceinline__ float uform_vram_adamw_element(float& weight, float g
 __global__ void uform_vram_adamw_kernel(float* __restrict__ weights, uform_bf16_t* __restrict__ compute,
                                         float const* __restrict__ gradients, float* __restrict__ first,
                                         float* __restrict__ second, double const* __restrict__ scalars,
+                                        int32_t const* __restrict__ after, int32_t* __restrict__ verdict,
                                         uform_vram_adamw_piece_t const* __restrict__ pieces,
                                         uform_vram_adamw_settings_t settings, int aligned) {
     __shared__ float shared_scale;
     __shared__ int shared_skip;
     if (threadIdx.x == 0) {
-        int skip = uform_update_poisoned(scalars, settings.terms);
+        int skip = uform_update_poisoned(scalars, settings.terms) || (after && !*after);
+        if (verdict && blockIdx.x == 0) *verdict = !skip;
         double norm = sqrt(scalars[uform_scalar_norm_squared_k]);
         shared_skip = skip;
         shared_scale = norm > settings.clip_norm ? (float)(settings.clip_norm / norm) : 1.0f;
@@ -331,7 +333,7 @@ uform_status_t uform_vram_adamw(void* context, uform_update_t const* update) {
                   (uintptr_t)update->compute % 8 == 0;
     uform_vram_adamw_kernel<<<(unsigned)count, uform_vram_adamw_threads_k, 0, vram->stream>>>(
         update->weights, (uform_bf16_t*)update->compute, update->gradients, update->first, update->second,
-        update->scalars, (uform_vram_adamw_piece_t const*)vram->scratch[uform_vram_scratch_adamw_k], settings,
+        update->scalars, update->after, update->verdict, (uform_vram_adamw_piece_t const*)vram->scratch[uform_vram_scratch_adamw_k], settings,
         aligned);
     return uform_vram_launched("uform_vram_adamw");
 }

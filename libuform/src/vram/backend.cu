@@ -57,6 +57,8 @@ void uform_vram_context_destroy(void* context_) {
     uform_vram_attention_close(context);
     uform_vram_matmul_close(context);
     if (context->scratch[0]) cudaFree(context->scratch[0]); /* one allocation behind every region */
+    for (int slot = 0; slot != uform_fences_k; ++slot)
+        if (context->fences[slot]) cudaEventDestroy(context->fences[slot]);
     if (context->stream) cudaStreamDestroy(context->stream);
     delete context;
 }
@@ -70,6 +72,9 @@ uform_status_t uform_vram_context_create(void* device_, uform_plan_t const* plan
     context->ordinal = device->ordinal, context->multiprocessors = device->multiprocessors;
     context->plan = *plan;
     status = uform_vram_check(cudaStreamCreateWithFlags(&context->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (int slot = 0; slot != uform_fences_k && status == uform_status_success_k; ++slot)
+        status = uform_vram_check(cudaEventCreateWithFlags(&context->fences[slot], cudaEventDisableTiming),
+                                  "cudaEventCreate (fence)");
     /* Each region starts on a 256-byte boundary, as cuBLASLt and vector loads want. */
     size_t (*sizes[uform_vram_scratch_count_k])(uform_plan_t const*) = {
         uform_vram_blas_scratch,   uform_vram_attention_scratch,   uform_vram_rmsnorm_scratch,
@@ -156,6 +161,21 @@ uform_status_t uform_vram_download(void* context, void* destination, void const*
                                             : status;
 }
 
+uform_status_t uform_vram_fence(void* context, unsigned slot) {
+    return uform_vram_check(cudaEventRecord(uform_vram(context)->fences[slot], uform_vram(context)->stream),
+                            "cudaEventRecord (fence)");
+}
+
+uform_status_t uform_vram_fence_wait(void* context, unsigned slot) {
+    return uform_vram_check(cudaEventSynchronize(uform_vram(context)->fences[slot]), "a queued GPU operation");
+}
+
+uform_status_t uform_vram_fetch(void* context, void* destination, void const* source, size_t bytes) {
+    if (!bytes) return uform_status_success_k;
+    return uform_vram_check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToHost, uform_vram(context)->stream),
+                            "cudaMemcpyAsync (fetch)");
+}
+
 uform_status_t uform_vram_copy(void* context, void* destination, void const* source, size_t bytes) {
     if (!bytes) return uform_status_success_k;
     return uform_vram_check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, uform_vram(context)->stream),
@@ -183,6 +203,9 @@ uform_backend_t const uform_vram_backend = {
     uform_vram_upload,
     uform_vram_download,
     uform_vram_copy,
+    uform_vram_fence,
+    uform_vram_fence_wait,
+    uform_vram_fetch,
     uform_vram_zero,
     uform_vram_convert,
     uform_vram_matmul,

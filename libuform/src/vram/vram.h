@@ -43,6 +43,7 @@ typedef struct uform_vram_device_t {
 typedef struct uform_vram_context_t {
     int ordinal, multiprocessors;
     cudaStream_t stream;
+    cudaEvent_t fences[uform_fences_k];
     void* blas;      /* cublasLtHandle_t */
     void* matmuls;   /* matmul.cu's cache of planned products */
     void* attention; /* attention.cu's handle and cache of planned graphs */
