@@ -8,7 +8,7 @@
  *  row-major d = a x b is computed as the column-major d^T = b^T x a^T: the operands swap places
  *  and each keeps its own transposition flag. A product's descriptors and the algorithm the
  *  heuristic picked are planned once per shape and kept: the same shape then runs the same
- *  kernel, which makes its bits repeat run to run.
+ *  kernel, which makes its bits repeat run to run (`uform_vram_choose`).
  */
 #include <cublasLt.h>
 
@@ -74,6 +74,57 @@ uform_status_t uform_vram_blas(cublasStatus_t status, char const* call) {
                            "%s: %s", call, cublasLtGetStatusString(status));
 }
 
+/*  Tokens and masked positions change step to step, and a heuristic query costs the host up to milliseconds,
+    while the device waits. So a size is rounded up to one of 16 steps an octave, the heuristic asked once for
+    the rounded shape, and its choice checked for the shape itself; only where the check fails is the shape
+    asked alone. Either way the algorithm is a function of the shape alone: runs and resumed runs repeat bits. */
+size_t uform_vram_rounded(size_t size) {
+    if (size <= 256) return size;
+    size_t octave = 256;
+    while (octave < size) octave <<= 1;
+    size_t step = octave / 16;
+    return (size + step - 1) / step * step;
+}
+
+enum { uform_vram_products_kept_k = 4096 }; /* past this many shapes the cache starts again: a choice never changes */
+
+uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t const& shape,
+                               uform_vram_product_t** planned);
+
+/* The algorithm for `product`, of `shape`: the rounded shape's where it fits, else the heuristic's for this one. */
+uform_status_t uform_vram_choose(uform_vram_context_t* context, uform_vram_shape_t const& shape,
+                                 uform_vram_product_t* product, cublasLtMatmulPreference_t preference) {
+    uform_vram_shape_t rounded = shape;
+    std::get<0>(rounded) = uform_vram_rounded(std::get<0>(shape));
+    std::get<1>(rounded) = uform_vram_rounded(std::get<1>(shape));
+    std::get<2>(rounded) = uform_vram_rounded(std::get<2>(shape));
+    if (rounded != shape) {
+        uform_vram_product_t* neighbour;
+        uform_status_t status = uform_vram_plan(context, rounded, &neighbour);
+        if (status != uform_status_success_k) return status;
+        cublasLtMatmulHeuristicResult_t checked;
+        if (cublasLtMatmulAlgoCheck((cublasLtHandle_t)context->blas, product->description, product->a, product->b,
+                                    product->c, product->d, &neighbour->algorithm, &checked) == CUBLAS_STATUS_SUCCESS &&
+            checked.workspaceSize <= uform_vram_blas_workspace_k) {
+            product->algorithm = neighbour->algorithm;
+            return uform_status_success_k;
+        }
+    }
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found_count = 0;
+    uform_status_t status = uform_vram_blas(
+        cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)context->blas, product->description, product->a, product->b,
+                                       product->c, product->d, preference, 1, &heuristic, &found_count),
+        "cublasLtMatmulAlgoGetHeuristic");
+    if (status == uform_status_success_k && !found_count)
+        status = uform_vram_fail(NULL, uform_status_device_k,
+                                 "cuBLASLt has no algorithm for a %zu x %zu x %zu product (transposed %d, %d, epilogue %d)",
+                                 std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
+                                 std::get<4>(shape), std::get<6>(shape));
+    if (status == uform_status_success_k) product->algorithm = heuristic.algo;
+    return status;
+}
+
 /* Plans one product: the operands as cuBLASLt sees them (b first), the epilogue, the algorithm. */
 uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t const& shape,
                                uform_vram_product_t** planned) {
@@ -82,6 +133,10 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
     if (found != products.end()) {
         *planned = found->second;
         return uform_status_success_k;
+    }
+    if (products.size() >= uform_vram_products_kept_k) {
+        for (auto& kept : products) delete kept.second;
+        products.clear();
     }
     size_t m, n, k;
     int a_transposed, b_transposed, float_output, epilogue, residual;
@@ -141,23 +196,12 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
                                                                       CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                       &workspace, sizeof(workspace)),
                                  "cublasLtMatmulPreferenceSetAttribute");
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found_count = 0;
-    if (status == uform_status_success_k)
-        status = uform_vram_blas(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)context->blas, product->description,
-                                                                product->a, product->b, product->c, product->d,
-                                                                preference, 1, &heuristic, &found_count),
-                                 "cublasLtMatmulAlgoGetHeuristic");
+    if (status == uform_status_success_k) status = uform_vram_choose(context, shape, product, preference);
     if (preference) cublasLtMatmulPreferenceDestroy(preference);
-    if (status == uform_status_success_k && !found_count)
-        status = uform_vram_fail(NULL, uform_status_device_k,
-                                 "cuBLASLt has no algorithm for a %zu x %zu x %zu product (transposed %d, %d, epilogue %d)",
-                                 m, n, k, a_transposed, b_transposed, epilogue);
     if (status != uform_status_success_k) {
         delete product;
         return status;
     }
-    product->algorithm = heuristic.algo;
     products[shape] = product;
     *planned = product;
     return uform_status_success_k;
