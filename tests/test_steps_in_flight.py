@@ -27,7 +27,7 @@ CONFIG = dict(depth=1, hidden=128, objective=uform.Objective.JOINT, seed=5,
               batch=dict(max_rows_per_device=12, max_columns_per_row=64, max_segments_per_device=12),
               schedule=dict(steps=50, warmup_steps=2))
 
-# An attract edge weighed near the float limit: the contrastive loss overflows and the step is skipped.
+# An attract edge weighed near the float limit: the loss or the gradient overflows and the step is skipped.
 POISON = dict(attract=uform.Edges(offsets=[0, 1] + [1] * 11, ids=[2], weights=[3.4e38]))
 
 
@@ -89,7 +89,9 @@ def test_deferred_steps_in_flight_train_bit_for_bit_as_blocking_ones(rng, execut
         submitted = [deferred.step(b) for b in batches]
         have = [d.wait() for d in submitted]
         in_flight._native = recorder.native
-        assert [s.stats.skipped for s in have] == plan
+        # A poisoned batch's loss now and then stays finite, just: then both runs apply it alike.
+        assert [s.stats.skipped for s in have] == [s.stats.skipped for s in want]
+        assert sum(s.stats.skipped for s in have) >= 2
         for h, w in zip(have, want):
             same_stats(h.stats, w.stats)
         assert in_flight._weights().tobytes() == one_by_one._weights().tobytes()
