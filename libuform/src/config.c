@@ -4,6 +4,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h> /* strtof */
 #include <string.h>
 
 #include "config_fields.h"
@@ -218,6 +219,16 @@ static void uform_json_print(uform_json_text_t* text, char const* format, ...) {
     if (length > 0) text->length += (size_t)length;
 }
 
+/* A float32 in the fewest digits that read back as the same float: 0.001, not 0.00100000005. */
+static void uform_json_float(uform_json_text_t* text, char const* before, float value) {
+    char digits[32];
+    for (int precision = 6; precision <= 9; ++precision) {
+        snprintf(digits, sizeof(digits), "%.*g", precision, (double)value);
+        if (strtof(digits, NULL) == value) break;
+    }
+    uform_json_print(text, "%s%s", before, digits);
+}
+
 size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capacity) {
     uform_json_text_t text = {out, capacity, 0};
     char const* scope = ""; /* the objects the previous row sits in: "batch.image." is two */
@@ -246,7 +257,7 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
         case uform_field_choice_k: uform_json_print(&text, "%d", *(int const*)at); break;
         case uform_field_real_k:
         case uform_field_fraction_k:
-        case uform_field_weight_k: uform_json_print(&text, "%.9g", (double)*(float const*)at); break;
+        case uform_field_weight_k: uform_json_float(&text, "", *(float const*)at); break;
         case uform_field_dimensions_k:
             uform_json_print(&text, "[");
             for (size_t k = 0; k != config->given.contrastive.matryoshka_dimensions_count; ++k)
@@ -257,11 +268,12 @@ size_t uform_config_to_json(uform_config_t const* config, char* out, size_t capa
     }
     for (size_t k = 0; k != scope_length; ++k)
         if (scope[k] == '.') uform_json_print(&text, "}");
-    uform_json_print(&text,
-                     ", \"optimizer\": {\"beta1\": %.9g, \"beta2\": %.9g, \"epsilon\": %.9g, \"weight_decay\": %.9g, "
-                     "\"clip_norm\": %.9g}}",
-                     (double)config->beta1, (double)config->beta2, (double)config->epsilon,
-                     (double)config->weight_decay, (double)config->clip_norm);
+    uform_json_float(&text, ", \"optimizer\": {\"beta1\": ", config->beta1);
+    uform_json_float(&text, ", \"beta2\": ", config->beta2);
+    uform_json_float(&text, ", \"epsilon\": ", config->epsilon);
+    uform_json_float(&text, ", \"weight_decay\": ", config->weight_decay);
+    uform_json_float(&text, ", \"clip_norm\": ", config->clip_norm);
+    uform_json_print(&text, "}}");
     return text.length;
 }
 
