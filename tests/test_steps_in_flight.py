@@ -127,6 +127,8 @@ def test_the_native_halves_keep_their_order_and_refuse_the_rest(rng, executor, b
         with pytest.raises(uform.InvalidArgument, match="no step begun"):
             native.step_end(steps[0])
         native.step_begin(steps[0], None, 0)
+        with pytest.raises(uform.InvalidArgument, match="begun already"):
+            native.step_begin(steps[0], None, 0)
         native.step_begin(steps[1], None, 0)
         with pytest.raises(uform.Busy, match="end the earliest"):
             native.step_begin(steps[2], None, 0)
@@ -138,6 +140,8 @@ def test_the_native_halves_keep_their_order_and_refuse_the_rest(rng, executor, b
             native.weights()
         with pytest.raises(uform.Busy, match="before a blocking step"):
             native.step(steps[2], None, 0)
+        with pytest.raises(uform.InvalidArgument, match="not begun"):
+            native.step_end(steps[2])
         have = [native.step_end(steps[0]), native.step_end(steps[1])]
         native.step_begin(steps[2], None, 0)
         have.append(native.step_end(steps[2]))

@@ -582,10 +582,11 @@ UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_train
 /**
  *  @brief Queues one step and returns before it lands, so the host readies the next while a GPU runs this one.
  *  @param[in] trainer The run.
- *  @param[inout] step The batch in; `uform_trainer_step_end` writes the stats and the embeddings.
+ *  @param[inout] step The batch in; the stats out at `uform_trainer_step_end`, and the embeddings when asked, by then.
  *  @param[out] error The message on failure; may be NULL.
- *  @return `uform_status_busy_k` while two steps are begun and not ended; a refused batch as `uform_trainer_step`
- *  refuses it, with nothing queued.
+ *  @return `uform_status_busy_k` while two steps are begun and not ended; `invalid_argument` for a `step` begun
+ *  already and not ended (each step in flight has its own); a refused batch as `uform_trainer_step` refuses it,
+ *  with nothing queued.
  *
  *  `uform_trainer_step` is this and `uform_trainer_step_end` at once. A loop that begins step k + 1 before ending
  *  step k keeps a GPU busy between steps: the next batch is validated, packed and uploaded, and its work queued,
@@ -593,16 +594,16 @@ UFORM_API uform_status_t uform_trainer_step(uform_trainer_t trainer, uform_train
  *  begun before the one ahead of it lands is queued as if that one applies, and where it is skipped instead (its
  *  loss or gradient not finite) the library runs the step behind it again before either ends. `step`, and every
  *  buffer it points into, stay borrowed until its end. On the CPU, and on meshes and executors of several
- *  devices, the step runs whole before this returns. Saving, probing and reading the weights are refused
- *  (`uform_status_busy_k`) while a step is begun and not ended.
+ *  devices, the step runs whole before this returns (its embeddings land then). A blocking step, saving and
+ *  freeing the trainer are refused (`uform_status_busy_k`) while a step is begun and not ended.
  */
 UFORM_API uform_status_t uform_trainer_step_begin(uform_trainer_t trainer, uform_trainer_step_t* step,
                                                   char const** error);
 
 /**
  *  @brief Waits for the earliest step begun to land and writes its stats, and its embeddings when asked.
- *  @return `uform_status_invalid_argument_k` when `step` is not the earliest begun: steps end in the order they
- *  began. A failure of the device reports here, and the step ends all the same.
+ *  @return `uform_status_invalid_argument_k` when `step` is not the earliest begun (steps end in the order they
+ *  began) or not begun at all. A failure of the device reports here, and the step ends all the same.
  */
 UFORM_API uform_status_t uform_trainer_step_end(uform_trainer_t trainer, uform_trainer_step_t* step,
                                                 char const** error);
@@ -675,7 +676,8 @@ UFORM_API uform_status_t uform_trainer_save_weights_noted(uform_trainer_t traine
 /**
  *  @brief Frees a trainer and lets go of its executor and mesh.
  *  @return `uform_status_busy_k` while a call on the trainer (`uform_trainer_decode` included) runs or waits on
- *  another thread: free it once they return. `uform_status_invalid_handle_k` for NULL.
+ *  another thread, or while a step begun has not ended: free it once they return, or end them.
+ *  `uform_status_invalid_handle_k` for NULL.
  */
 UFORM_API uform_status_t uform_trainer_free(uform_trainer_t trainer, char const** error);
 

@@ -591,6 +591,9 @@ static uform_status_t uform_trainer_begin(uform_trainer_s* trainer, uform_traine
                           "step: %d steps begun and not ended already; end the earliest (uform_trainer_step_end) "
                           "before beginning another", (int)uform_flights_k);
     uform_flight_t* ahead = trainer->flying ? &trainer->flights[trainer->oldest] : NULL;
+    if (ahead && ahead->step == step) /* its stats and buffers are the one in flight's */
+        return uform_fail(error, uform_status_invalid_argument_k,
+                          "step: begun already and not ended; each step in flight needs its own uform_trainer_step_t");
     uform_status_t status = uform_status_success_k;
     /* Its embeddings lie in buffers this step overwrites: hand them back first. */
     if (ahead && !ahead->settled && ahead->step->embeddings) status = uform_trainer_settle(trainer, ahead, 1, error);
@@ -616,9 +619,11 @@ static uform_status_t uform_trainer_end(uform_trainer_s* trainer, uform_trainer_
     if (!trainer->flying)
         return uform_fail(error, uform_status_invalid_argument_k, "step: no step begun (uform_trainer_step_begin) to end");
     uform_flight_t* flight = &trainer->flights[trainer->oldest];
+    int later = trainer->flying > 1 && trainer->flights[trainer->oldest ^ 1].step == step;
     if (flight->step != step)
         return uform_fail(error, uform_status_invalid_argument_k,
-                          "step: not the earliest step begun; steps end in the order they began");
+                          later ? "step: not the earliest step begun; steps end in the order they began"
+                                : "step: not begun (uform_trainer_step_begin), or ended already");
     uform_status_t status = flight->settled ? uform_status_success_k : uform_trainer_settle(trainer, flight, 1, error);
     trainer->oldest = (trainer->oldest + 1) % uform_flights_k, --trainer->flying;
     if (status == uform_status_success_k) step->stats = flight->stats;
@@ -820,7 +825,18 @@ uform_status_t uform_trainer_memory(uform_trainer_t handle, size_t* bytes, char 
 
 uform_status_t uform_trainer_free(uform_trainer_t handle, char const** error) {
     void* object;
-    uform_status_t status = uform_handles_remove(handle, uform_handle_trainer_k, "trainer", &object, error);
+    uform_status_t status = uform_handles_acquire(handle, uform_handle_trainer_k, "trainer", &object, error);
+    if (status != uform_status_success_k) return status;
+    /* Steps begun hold the caller's buffers until they end. A call on another thread holds the lock: then the
+       removal below answers busy. */
+    uform_trainer_s* held = object;
+    if (pthread_mutex_trylock(&held->serial.lock) == 0) {
+        status = uform_trainer_idle(held, "freeing the trainer", error);
+        pthread_mutex_unlock(&held->serial.lock);
+    }
+    uform_handles_release(held);
+    if (status != uform_status_success_k) return status;
+    status = uform_handles_remove(handle, uform_handle_trainer_k, "trainer", &object, error);
     if (status != uform_status_success_k) return status;
     uform_trainer_s* trainer = object;
     uform_handles_release(trainer->executor);

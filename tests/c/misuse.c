@@ -387,11 +387,14 @@ static void steps_in_flight_misuse(uform_executor_t executor, char const* path) 
     REFUSED(uform_trainer_step_begin(trainer, NULL, &error), uform_status_invalid_argument_k, "step: NULL");
     REFUSED(uform_trainer_step_end(trainer, &first, &error), uform_status_invalid_argument_k, "no step begun");
     CHECK(uform_trainer_step_begin(trainer, &first, &error) == uform_status_success_k);
+    REFUSED(uform_trainer_step_begin(trainer, &first, &error), uform_status_invalid_argument_k, "begun already");
     CHECK(uform_trainer_step_begin(trainer, &second, &error) == uform_status_success_k);
     REFUSED(uform_trainer_step_begin(trainer, &third, &error), uform_status_busy_k, "end the earliest");
     REFUSED(uform_trainer_step_end(trainer, &second, &error), uform_status_invalid_argument_k, "not the earliest");
     REFUSED(uform_trainer_step(trainer, &third, &error), uform_status_busy_k, "before a blocking step");
     REFUSED(uform_trainer_save(trainer, path, &error), uform_status_busy_k, "before saving");
+    REFUSED(uform_trainer_free(trainer, &error), uform_status_busy_k, "before freeing the trainer");
+    REFUSED(uform_trainer_step_end(trainer, &third, &error), uform_status_invalid_argument_k, "not begun");
     CHECK(uform_trainer_step_end(trainer, &first, &error) == uform_status_success_k && first.stats.step == 1);
     CHECK(uform_trainer_step_end(trainer, &second, &error) == uform_status_success_k && second.stats.step == 2);
     CHECK(uform_trainer_step(trainer, &third, &error) == uform_status_success_k && third.stats.step == 3);
