@@ -24,6 +24,7 @@ objective (`--objective joint` adds masked bytes and masked patches), and saves 
 Either task runs on a GPU when this build has one, else on the CPU.
 """
 import argparse
+import collections
 import importlib
 import inspect
 import io
@@ -319,6 +320,18 @@ def run_images(args, gpu):
     return 0
 
 
+def in_flight(trainer, batches, steps):
+    """Each step's stats as it lands, two deferred steps kept submitted: on a GPU the next step is queued while the
+    device runs this one, and a batch's images are decoded while the step before it trains."""
+    deferred, pending = trainer.deferred(), collections.deque()
+    for _ in range(steps):
+        pending.append(deferred.step(next(batches)))
+        if len(pending) == 2:
+            yield pending.popleft().wait().stats
+    while pending:
+        yield pending.popleft().wait().stats
+
+
 def train_and_measure(args, gpu, batch, batches, measure, describe):
     """Trains `args.steps` steps of `batches`, measuring the saved checkpoint before and after (`describe` words
     the first measure): (before, after, seconds)."""
@@ -342,8 +355,7 @@ def train_and_measure(args, gpu, batch, batches, measure, describe):
         # A bar where stderr is a terminal; elsewhere (a log, a pipe) a line every tenth of the run.
         bar = tqdm.tqdm(total=args.steps, unit="step", disable=None)
         start, tokens, smoothed = time.perf_counter(), 0, None
-        for step in range(1, args.steps + 1):
-            stats = trainer.step(next(batches)).stats
+        for step, stats in enumerate(in_flight(trainer, batches, args.steps), 1):
             tokens += stats.tokens
             smoothed = stats.loss if smoothed is None else 0.9 * smoothed + 0.1 * stats.loss
             terms = [f"masked {stats.masked_loss:.3f}"] if not np.isnan(stats.masked_loss) else []
