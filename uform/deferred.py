@@ -240,13 +240,16 @@ def _settle(future: concurrent.futures.Future, call: Callable[[], Any]) -> None:
         future.set_result(result)
 
 
-def _end(future: concurrent.futures.Future, call: TwoPhase) -> None:
+def _land(future: concurrent.futures.Future, call: TwoPhase) -> float:
+    """Ends the step in flight; answers how long to wait for a next step, next time: a quarter of this wait."""
+    waited = time.perf_counter()
     try:
         result = call.end()
     except BaseException as error:  # noqa: B036 - the verb's error belongs to whoever waits on it
         future.set_exception(error)
     else:
         future.set_result(result)
+    return min(_PATIENCE_SECONDS, (time.perf_counter() - waited) / 4)
 
 
 def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
@@ -259,10 +262,7 @@ def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
             job = None
         overlapping = job is not None and job is not _STOP and isinstance(job[1], TwoPhase) and job[1].overlaps
         if flight is not None and (not overlapping or closing.is_set()):
-            waited = time.perf_counter()
-            _end(*flight)
-            patience = min(_PATIENCE_SECONDS, (time.perf_counter() - waited) / 4)
-            flight = None
+            patience, flight = _land(*flight), None
         if job is None:
             continue
         if job is _STOP:
@@ -279,9 +279,7 @@ def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
                     future.set_exception(error)
                 else:
                     if flight is not None:  # the device has this step queued behind it: end the one ahead
-                        waited = time.perf_counter()
-                        _end(*flight)
-                        patience = min(_PATIENCE_SECONDS, (time.perf_counter() - waited) / 4)
+                        patience = _land(*flight)
                     flight = (future, call)
         else:
             _settle(future, call)
