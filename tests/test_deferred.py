@@ -345,3 +345,40 @@ def _child_environment():
     package_root = os.path.dirname(os.path.dirname(uform.__file__))
     environment["PYTHONPATH"] = package_root + os.pathsep + environment.get("PYTHONPATH", "")
     return environment
+
+
+def test_the_worker_begins_the_next_step_before_it_ends_the_one_in_flight():
+    """The worker's side of steps in flight, with halves that only record their order: on a GPU they queue work."""
+    from uform.deferred import TwoPhase, Worker
+
+    calls = []
+
+    def step(name, fails=False):
+        def begin():
+            calls.append(f"begin {name}")
+            if fails:
+                raise uform.InvalidArgument(f"{name}: refused")
+
+        def end():
+            calls.append(f"end {name}")
+            return name
+
+        return TwoPhase(begin, end, overlaps=True)
+
+    worker = Worker("test-steps-in-flight")
+    try:
+        gate = threading.Event()
+        worker.submit(gate.wait)  # hold the worker until everything is queued
+        futures = [worker.submit(step("a")), worker.submit(step("b")), worker.submit(step("c", fails=True)),
+                   worker.submit(step("d")), worker.submit(lambda: calls.append("save")), worker.submit(step("e"))]
+        gate.set()
+        assert [f.result(timeout=10) for f in futures[:2]] == ["a", "b"]
+        with pytest.raises(uform.InvalidArgument, match="c: refused"):
+            futures[2].result(timeout=10)
+        assert futures[3].result(timeout=10) == "d" and futures[5].result(timeout=10) == "e"
+        # Each step begins before the one ahead ends; a refused one leaves the one in flight as it was; anything
+        # else waits for the step in flight to land; the last step ends once nothing follows it.
+        assert calls == ["begin a", "begin b", "end a", "begin c", "begin d", "end b", "end d", "save",
+                         "begin e", "end e"]
+    finally:
+        worker.stop()
