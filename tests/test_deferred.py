@@ -5,6 +5,7 @@ enough to watch, about a fifth of a second on one thread (depth 2, hidden 256, 8
 """
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
@@ -336,6 +337,7 @@ def test_the_worker_does_not_keep_the_interpreter_alive(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "leaving"
     assert time.perf_counter() - started < 15
+    assert re.search(r"\d+ verb\(s\) were cancelled at interpreter exit before they started", done.stderr), done.stderr
 
 
 def _child_environment():

@@ -254,7 +254,7 @@ def _land(future: concurrent.futures.Future, call: TwoPhase) -> float:
 
 def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
     flight = None  # (future, call): a step begun and not ended
-    patience = 0.0
+    patience, cancelled = 0.0, 0
     while True:
         try:
             job = calls.get() if flight is None else calls.get(timeout=patience)
@@ -266,11 +266,13 @@ def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
         if job is None:
             continue
         if job is _STOP:
+            if cancelled:
+                _tell_cancelled(cancelled)
             return
         future, call = job
         job = None
         if closing.is_set():
-            future.cancel()
+            cancelled += future.cancel()
         elif overlapping:
             if future.set_running_or_notify_cancel():
                 try:
@@ -284,6 +286,15 @@ def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
         else:
             _settle(future, call)
         future = call = None  # let go of the trainer and batch before waiting for the next job
+
+
+def _tell_cancelled(count: int) -> None:
+    try:
+        logging.getLogger("uform").warning("%d verb(s) were cancelled at interpreter exit before they started (a "
+                                           "save among them writes nothing); wait for the last Deferred before "
+                                           "exiting", count)
+    except Exception:  # at interpreter exit logging may be gone: nothing left to tell
+        pass
 
 
 @atexit.register
