@@ -680,6 +680,8 @@ def _joined(config: TrainConfig, executor: uform.Executor, index: int, stop: "_S
         os.makedirs(mesh.directory, exist_ok=True)
     except OSError as error:
         raise InvalidArgument(f"mesh.directory: {mesh.directory}: {error.strerror or error}") from None
+    print(f"uform: host domain {index} of {mesh.host_domain_count} waits up to {mesh.timeout_minutes or 5:g} min "
+          f"for the others to meet in {os.path.join(mesh.directory, mesh.job)}", file=sys.stderr, flush=True)
     stop.meeting = True
     try:
         joined = uform.Mesh.bootstrap(executor, index, mesh.host_domain_count, mesh.directory, mesh.job,
