@@ -894,6 +894,7 @@ def test_a_signal_while_the_processes_meet_ends_the_wait_at_once(run, tmp_path):
     ((code, _, errors),) = finish_processes([child], limit=30)
     assert code == 128 + signal.SIGTERM and time.monotonic() - started < 10, errors
     assert "stopped by SIGTERM while the mesh's processes met; nothing saved yet" in errors
+    assert re.search(r"host domain 0 of 2 waits up to 10 min for the others to meet in \S+mesh/train", errors), errors
 
 
 def test_processes_whose_data_or_evaluation_differ_are_refused_naming_the_field(run, tmp_path):
