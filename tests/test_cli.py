@@ -919,3 +919,35 @@ def test_a_second_host_domain_zero_of_one_run_is_refused_before_it_meets(run, tm
     first.send_signal(signal.SIGTERM)
     finish_processes([first], limit=30)
     assert code == 1 and f"in use by another `uform train` (process {first.pid} on " in errors, errors
+
+
+def test_train_keeps_a_step_in_flight_between_checkpoints_and_evaluations(run, monkeypatch):
+    """On a GPU the next step is queued while the device runs this one: the loop begins step k + 1 before it waits
+    for step k, except where a checkpoint (every 3), an evaluation (every 4) or the run's end follows step k."""
+    order = []
+    begun_step = uform.Trainer._begun_step
+
+    class Landing:
+        def __init__(self, deferred, number):
+            self.deferred, self.number = deferred, number
+
+        def done(self):
+            return self.deferred.done()
+
+        def wait(self):
+            order.append(("land", self.number))
+            return self.deferred.wait()
+
+    def recording(trainer, batch):
+        number = sum(kind == "begin" for kind, _ in order) + 1
+        order.append(("begin", number))
+        return Landing(begun_step(trainer, batch), number)
+
+    monkeypatch.setattr(uform.Trainer, "_begun_step", recording)
+    config = run(steps=12)
+    assert cli.main(["train", config]) == 0
+    at = {call: i for i, call in enumerate(order)}
+    landed_late = {n for kind, n in order if kind == "land" and at.get(("begin", n + 1), len(order)) < at[("land", n)]}
+    # Steps 3, 4, 6, 8, 9 and 12 are followed by a save or an evaluation (or end the run): each lands before the next
+    # begins; every other step lands once the next is queued.
+    assert landed_late == {1, 2, 5, 7, 10, 11}, order

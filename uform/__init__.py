@@ -711,6 +711,16 @@ class Trainer(_OnExecutor):
         worker.refuse_own_thread()  # before the step claims its arena
         return worker.run(self._step_call(batch, config), "step")
 
+    def _begun_step(self, batch: Any) -> Deferred:
+        """For `uform train`: submits `batch`'s step and answers its `Deferred` once the step has begun on the worker
+        (validated, packed and queued), so a refused batch is known, and raised here, before the next is read."""
+        call = self._step_call(batch, None)
+        deferred = Deferred(self._worker().submit(call), "step")
+        call.began.wait()
+        if deferred._future.done() and deferred._future.exception() is not None:
+            deferred.wait()  # raises it, as retrieved
+        return deferred
+
     def save(self, path: Any, weights_only: bool = False, note: Optional[str] = None) -> None:
         """Writes the weights, the optimizer's moments and the step as one safetensors checkpoint.
 

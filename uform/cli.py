@@ -751,45 +751,77 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     saved_step, saved_time, cursor, bad = step, time.monotonic(), None, 0
     evaluated_step = None
     bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=True if index else None)
+    # One step stays in flight while the next batch is read and begun, so a GPU goes from one step to the next;
+    # before a checkpoint, an evaluation, a stop or the last step the run waits for it to land. A mesh's
+    # processes wait for every step, as they agree on each.
+    flight, landed_at = None, time.perf_counter()  # the step begun and not landed: (Deferred, data s, begun at)
+
+    def land() -> None:
+        nonlocal flight, step, landed_at
+        deferred, data_seconds, began = flight
+        flight = None
+        stats = deferred.wait().stats
+        now = time.perf_counter()
+        step_seconds, landed_at = now - max(began, landed_at), now  # the device's time for this step alone
+        step = stats.step
+        record, scalars = step_scalars(stats)
+        log.write(dict(step=step, **record, data_seconds=data_seconds, step_seconds=step_seconds),
+                  {**scalars, "time/data_seconds": data_seconds, "time/step_seconds": step_seconds,
+                   "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)})
+        bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
+                        bad=bad, refresh=False)
+        bar.update(step - bar.n)
+
+    def saving(after: int) -> bool:
+        minutes = bool(every.every_minutes) and time.monotonic() - saved_time >= 60 * every.every_minutes
+        return bool((every.every_steps and after % every.every_steps == 0) or minutes) and not index
+
+    def evaluating(after: int) -> bool:
+        return bool(held_out and config.evaluation.every_steps and after % config.evaluation.every_steps == 0)
+
     try:
         several = mesh is not None and mesh.host_domain_count > 1
-        while step < steps and (several or stop.signal is None):  # on a mesh, all stop together (`_agree`)
+        while step + (flight is not None) < steps and (several or stop.signal is None):
             waiting = time.perf_counter()
             batch = next(stream)
             data_seconds = time.perf_counter() - waiting
             stopping, idle = _agree(stop, mesh, batch)
             if stopping:
                 break  # before the batch: the cursor saved is the one before it
-            bad_before = bad
+            bad_before, ahead = bad, step + (flight is not None)  # the step this batch follows, if all apply
             cursor = batch.cursor
-            computing = time.perf_counter()
-            stats, batch, refused = _step(config, trainer, stream, batch, mesh, idle)
+            began = time.perf_counter()
+            deferred, batch, refused = _step(config, trainer, stream, batch, mesh, idle)
             for message in batch.bad_records:
-                log.write(dict(step=step, bad_record=message))
+                log.write(dict(step=ahead, bad_record=message))
             reasons = list(batch.bad_records)
             if refused is not None:
-                log.write(dict(step=step, refused_batch=refused, locations=batch.locations))
+                log.write(dict(step=ahead, refused_batch=refused, locations=batch.locations))
                 reasons.append(f"the batch of {batch.locations[0]} and {len(batch.locations) - 1} more: {refused}")
             bad += len(batch.bad_records) + (len(batch.locations) if refused is not None else 0)
-            unusable.note(cursor, stats is not None, bad - bad_before, reasons)
-            if stats is None:
+            unusable.note(cursor, deferred is not None, bad - bad_before, reasons)
+            if deferred is None:
                 continue
-            step_seconds = time.perf_counter() - computing
-            step = stats.step
-            record, scalars = step_scalars(stats)
-            log.write(dict(step=step, **record, data_seconds=data_seconds, step_seconds=step_seconds),
-                      {**scalars, "time/data_seconds": data_seconds, "time/step_seconds": step_seconds,
-                       "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)})
-            bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
-                            bad=bad, refresh=False)
-            bar.update(step - bar.n)
-            minutes = bool(every.every_minutes) and time.monotonic() - saved_time >= 60 * every.every_minutes
-            if ((every.every_steps and step % every.every_steps == 0) or minutes) and not index:
+            if flight is not None:
+                land()  # the one ahead, now that this one is queued behind it
+            flight = (deferred, data_seconds, began)
+            after = step + 1  # every step before this one has landed: this one's number, if it applies
+            if not (several or stop.signal is not None or after >= steps or saving(after) or evaluating(after)):
+                continue
+            land()
+            if saving(step):
                 save_checkpoint(trainer, saved_in, step, cursor, every.keep)  # host domain 0 writes for all
                 saved_step, saved_time = step, time.monotonic()
-            if held_out and config.evaluation.every_steps and step % config.evaluation.every_steps == 0:
+            if evaluating(step):
                 _evaluate(trainer, executor, config, held_out, log, step, mesh)
                 evaluated_step = step
+        if flight is not None:
+            land()
+    except BaseException:
+        if flight is not None:  # the step ahead trained: its line is logged before the error ends the run
+            with contextlib.suppress(Exception):
+                land()
+        raise
     finally:
         bar.close()
     with log:
@@ -824,8 +856,8 @@ _PEERS_REFUSED = re.compile(r"^host domain \d+ refused its share of the step: ")
 
 
 def _step(config, trainer, stream, batch, mesh=None, idle=False):
-    """Trains on `batch`: (the step's stats, or None where nothing trained; the batch as it ended; why the
-    library refused it as a whole, or None). A record the library refuses (an image it cannot decode) is
+    """Begins a step on `batch`: (its `Deferred`, once the library has taken it, or None where nothing trains;
+    the batch as it ended; why the library refused it as a whole, or None). A record the library refuses (an image it cannot decode) is
     bad: under `bad_records = "skip"` it is left out and the batch retried without it, so the batch's good
     records still train; under "refuse" it stops the run, named. On a mesh every process refuses a step any
     one refuses: the others retry their shares as they were while that one retries without its bad record,
@@ -834,7 +866,7 @@ def _step(config, trainer, stream, batch, mesh=None, idle=False):
         return None, batch, None
     while batch.batch is not None:
         try:
-            return trainer.deferred().step(batch.batch).wait().stats, batch, None
+            return trainer._begun_step(batch.batch), batch, None
         except InvalidArgument as error:  # what only the library could judge
             several = mesh is not None and mesh.host_domain_count > 1
             theirs = several and _PEERS_REFUSED.match(str(error)) is not None

@@ -42,13 +42,17 @@ class TwoPhase:
     `begin` releases what it holds when it raises; `end` releases it whether it returns or raises.
     """
 
-    __slots__ = ("begin", "end", "overlaps")
+    __slots__ = ("begin", "end", "overlaps", "began")
 
     def __init__(self, begin: Callable[[], None], end: Callable[[], Any], overlaps: bool) -> None:
         self.begin, self.end, self.overlaps = begin, end, overlaps
+        self.began = threading.Event()  # set once `begin` returned or raised, or the verb was cancelled
 
     def __call__(self) -> Any:
-        self.begin()
+        try:
+            self.begin()
+        finally:
+            self.began.set()
         return self.end()
 
 
@@ -279,12 +283,16 @@ def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
                     call.begin()
                 except BaseException as error:  # noqa: B036 - what is in flight stays in flight
                     future.set_exception(error)
+                    call.began.set()
                 else:
+                    call.began.set()
                     if flight is not None:  # the device has this step queued behind it: end the one ahead
                         patience = _land(*flight)
                     flight = (future, call)
         else:
             _settle(future, call)
+        if isinstance(call, TwoPhase):
+            call.began.set()  # begun, refused or cancelled: nobody waits for it any longer
         future = call = None  # let go of the trainer and batch before waiting for the next job
 
 
