@@ -293,15 +293,15 @@ typedef struct uform_block_activations_t {
     void* activated;   /* (tokens, 4 hidden) after GELU */
 } uform_block_activations_t;
 
+/* Steps a trainer holds begun and not ended, at most (`uform_trainer_step_begin`). */
+enum { uform_flights_k = 2 };
+
 /**
  *  One replica: weights, gradients, moments and activations in one backend's memory. A replica for inference
  *  takes only what the forward pass and pooling read: the weights (and their compute copy), one block's
  *  activations that every block reuses, the final states, the pooled means and the uploaded items; the
  *  other buffers stay NULL.
  */
-/* Steps a trainer holds begun and not ended, at most (`uform_trainer_step_begin`). */
-enum { uform_flights_k = 2 };
-
 typedef struct uform_replica_t {
     uform_backend_t const* backend;
     void* context;
