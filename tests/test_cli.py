@@ -929,7 +929,7 @@ def test_train_keeps_a_step_in_flight_between_checkpoints_and_evaluations(run, m
 
     class Landing:
         def __init__(self, deferred, number):
-            self.deferred, self.number = deferred, number
+            self.deferred, self.number, self._future = deferred, number, deferred._future
 
         def done(self):
             return self.deferred.done()
@@ -951,3 +951,14 @@ def test_train_keeps_a_step_in_flight_between_checkpoints_and_evaluations(run, m
     # Steps 3, 4, 6, 8, 9 and 12 are followed by a save or an evaluation (or end the run): each lands before the next
     # begins; every other step lands once the next is queued.
     assert landed_late == {1, 2, 5, 7, 10, 11}, order
+    # Each step's time is its own, whether it landed at once or behind the next: none near zero, none doubled.
+    seconds = [line["step_seconds"] for line in read_log(os.path.join(os.path.dirname(config), "runs", "pairs"))
+               if "loss" in line]
+    middle = sorted(seconds)[len(seconds) // 2]
+    assert len(seconds) == 12 and all(middle / 10 < s < middle * 10 for s in seconds), seconds
+
+
+def test_a_run_of_no_steps_is_refused_by_name(run, tmp_path, capsys):
+    assert cli.main(["train", run("none", steps=0)]) == 1
+    assert "trainer.schedule.steps: 0; a run takes at least one step" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "none").exists()

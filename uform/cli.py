@@ -575,6 +575,8 @@ def _train(config_path: str, index: int) -> int:
     saved_in = os.path.join(folder, "checkpoints")
     trainer_config = dict(config.trainer)
     steps = trainer_config["schedule"]["steps"]
+    if not steps:
+        raise InvalidArgument("trainer.schedule.steps: 0; a run takes at least one step")
     cursor, step = None, 0
     complete = checkpoints_in(saved_in)
     if complete:
@@ -754,20 +756,20 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     # One step stays in flight while the next batch is read and begun, so a GPU goes from one step to the next;
     # before a checkpoint, an evaluation, a stop or the last step the run waits for it to land. A mesh's
     # processes wait for every step, as they agree on each.
-    flight, landed_at = None, time.perf_counter()  # the step begun and not landed: (Deferred, data s, begun at)
+    flight, landed_at = None, time.perf_counter()  # the step begun and not landed: (Deferred, data s, begun at, ended)
 
     def land() -> None:
         nonlocal flight, step, landed_at
-        deferred, data_seconds, began = flight
+        deferred, data_seconds, began, ended = flight
         flight = None
         stats = deferred.wait().stats
-        now = time.perf_counter()
-        step_seconds, landed_at = now - max(began, landed_at), now  # the device's time for this step alone
+        at, wall = ended[0] if ended else (time.perf_counter(), time.time())  # its callback may not have run yet
+        step_seconds, landed_at = at - max(began, landed_at), at  # this step's own time, whichever ran it
         step = stats.step
         record, scalars = step_scalars(stats)
         log.write(dict(step=step, **record, data_seconds=data_seconds, step_seconds=step_seconds),
                   {**scalars, "time/data_seconds": data_seconds, "time/step_seconds": step_seconds,
-                   "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)})
+                   "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)}, at=wall)
         bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
                         bad=bad, refresh=False)
         bar.update(step - bar.n)
@@ -804,7 +806,9 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                 continue
             if flight is not None:
                 land()  # the one ahead, now that this one is queued behind it
-            flight = (deferred, data_seconds, began)
+            ended = []  # when the worker finished it: a CPU runs a step whole as it begins, a GPU when it lands
+            deferred._future.add_done_callback(lambda _, ended=ended: ended.append((time.perf_counter(), time.time())))
+            flight = (deferred, data_seconds, began, ended)
             after = step + 1  # every step before this one has landed: this one's number, if it applies
             if not (several or stop.signal is not None or after >= steps or saving(after) or evaluating(after)):
                 continue

@@ -98,9 +98,10 @@ class RunLog:
         self._lines: IO[str] = open(self.path, "a", encoding="utf-8")
         self.events = EventFile(os.path.join(folder, "tensorboard")) if events else None
 
-    def write(self, record: Dict, scalars: Optional[Dict[str, float]] = None) -> None:
-        """One line of `record`, and `scalars` (tag: value) as TensorBoard events at `record["step"]`."""
-        record = dict(record, time=round(time.time(), 3))
+    def write(self, record: Dict, scalars: Optional[Dict[str, float]] = None, at: Optional[float] = None) -> None:
+        """One line of `record`, and `scalars` (tag: value) as TensorBoard events at `record["step"]`; its `time` is
+        `at` (seconds since the epoch), or now."""
+        record = dict(record, time=round(time.time() if at is None else at, 3))
         self._lines.write(json.dumps(_finite(record)) + "\n")
         self._lines.flush()
         if scalars and self.events is not None:
