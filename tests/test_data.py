@@ -499,3 +499,12 @@ def test_a_bad_media_record_says_what_its_bytes_are_when_they_are_another_kind(t
         bad = next(stream).bad_records
     assert bad == [f"{tar}:k1: 'jpg': declared image, but {len(wav)} bytes that are no image file (the bytes are audio)",
                    f"{tar}:k2: 'jpg': declared image, but 6 bytes that are no image file (they begin b'<html>')"]
+
+
+def test_a_value_that_is_not_text_is_named_with_what_it_holds(tmp_path):
+    path = write_jsonl(tmp_path / "typed.jsonl", [dict(question="q", answer="a"), dict(question=5, answer="a"),
+                                                  dict(question="q", answer=["a", "b"])])
+    with Stream(dict(paths=[path], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
+        bad = next(stream).bad_records
+    assert f"{path}:1: 'question' holds int 5, not text" in bad, bad
+    assert f"{path}:2: 'answer' holds list ['a', 'b'], not text" in bad, bad

@@ -911,7 +911,7 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
     if held_out and evaluated_step != step:
         _evaluate(trainer, executor, config, held_out, log, step, mesh)
     written = f"host domain 0 writes the checkpoints in {saved_in}" if index else f"checkpoints in {saved_in}"
-    print(f"uform: trained to step {step}; {written}, log in {log.path}" + (f"; {bad} bad records skipped" if bad else ""))
+    print(f"uform: trained to step {step}; {written}, log in {log.path}" + (f"; {bad} bad record{'s' if bad != 1 else ''} skipped" if bad else ""))
     return 0
 
 

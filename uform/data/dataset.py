@@ -216,7 +216,7 @@ def _checked(value: Any, column: str, modality: Modality, location: str) -> Any:
             except UnicodeDecodeError:
                 raise BadRecord(f"{location}: {column!r} is not UTF-8 text") from None
         if not isinstance(value, str):
-            raise BadRecord(f"{location}: {column!r} is a {type(value).__name__}, not text")
+            raise BadRecord(f"{location}: {column!r} holds {type(value).__name__} {value!r:.40}, not text")
         if not value.strip():
             raise BadRecord(f"{location}: {column!r} is empty")
         try:
