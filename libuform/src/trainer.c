@@ -651,32 +651,34 @@ static uform_status_t uform_trainer_run(uform_trainer_s* trainer, uform_trainer_
     return status;
 }
 
-uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
+/* A blocking step waits for no step begun: it would end out of order. */
+static uform_status_t uform_trainer_alone(uform_trainer_s* trainer, uform_trainer_step_t* step, char const** error) {
+    uform_status_t status = uform_trainer_idle(trainer, "a blocking step", error);
+    return status == uform_status_success_k ? uform_trainer_run(trainer, step, 1, error) : status;
+}
+
+/* Takes the trainer for one of the step's verbs. */
+static uform_status_t uform_trainer_stepping(uform_trainer_t handle, uform_trainer_step_t* step, char const** error,
+                                             uform_status_t (*verb)(uform_trainer_s*, uform_trainer_step_t*,
+                                                                    char const**)) {
     uform_trainer_s* trainer;
     uform_status_t status = uform_trainer_enter(handle, &trainer, error);
     if (status != uform_status_success_k) return status;
-    status = uform_trainer_idle(trainer, "a blocking step", error);
-    if (status == uform_status_success_k) status = uform_trainer_run(trainer, step, 1, error);
+    status = verb(trainer, step, error);
     uform_trainer_leave(trainer);
     return status;
+}
+
+uform_status_t uform_trainer_step(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
+    return uform_trainer_stepping(handle, step, error, uform_trainer_alone);
 }
 
 uform_status_t uform_trainer_step_begin(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
-    uform_trainer_s* trainer;
-    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
-    if (status != uform_status_success_k) return status;
-    status = uform_trainer_begin(trainer, step, error);
-    uform_trainer_leave(trainer);
-    return status;
+    return uform_trainer_stepping(handle, step, error, uform_trainer_begin);
 }
 
 uform_status_t uform_trainer_step_end(uform_trainer_t handle, uform_trainer_step_t* step, char const** error) {
-    uform_trainer_s* trainer;
-    uform_status_t status = uform_trainer_enter(handle, &trainer, error);
-    if (status != uform_status_success_k) return status;
-    status = uform_trainer_end(trainer, step, error);
-    uform_trainer_leave(trainer);
-    return status;
+    return uform_trainer_stepping(handle, step, error, uform_trainer_end);
 }
 
 uform_status_t uform_trainer_decode(uform_trainer_t handle, uform_trainer_step_t const* step, uform_decoded_t* decoded,
