@@ -86,7 +86,7 @@ static void blas_product(uform_hopper_epilogue_t epilogue, bf16* d, bf16* aux, b
 
 static void ours(uform_hopper_epilogue_t epilogue, bf16* d, bf16* aux, bf16 const* a, bf16 const* b, size_t m,
                  size_t n, size_t k) {
-    cudaError_t error = uform_hopper_product(encode, multiprocessors, 0, epilogue, d, aux, a, b, m, n, k);
+    cudaError_t error = uform_hopper_product(encode, multiprocessors, 0, false, epilogue, d, aux, a, b, m, n, k);
     if (error != cudaSuccess) {
         std::printf("uform_hopper_product: %s\n", cudaGetErrorString(error));
         std::exit(1);

@@ -83,6 +83,7 @@ __device__ __forceinline__ double uform_vram_warp_sum(double sum) {
 /** partials[block] = the sum of squares of x[block * 4096 .. + 4096): threads, then warps, then the 8 warps' sums. */
 __global__ void uform_vram_sum_squares_blocks(double* __restrict__ partials, float const* __restrict__ x, size_t count,
                                               int aligned) {
+    uform_vram_chain();
     __shared__ double warps[uform_vram_adamw_threads_k / 32];
     double sum = uform_vram_warp_sum(uform_vram_sum_squares_thread(x, count, blockIdx.x, threadIdx.x, aligned));
     if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = sum;
@@ -106,6 +107,7 @@ __device__ __forceinline__ double uform_vram_sum_squares_final(double sum) {
 /** One block of 1024 threads: *total = the partials added in the fixed order (0 for none). */
 __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_sum_squares_total(double* __restrict__ total, double const* __restrict__ partials,
                                              size_t count) {
+    uform_vram_chain();
     double sum = 0;
     for (size_t index = threadIdx.x; index < count; index += uform_vram_reduce_threads_k) sum += partials[index];
     sum = uform_vram_sum_squares_final(sum);
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_sum_sq
  */
 __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_sum_squares_alone(double* __restrict__ total, float const* __restrict__ x, size_t count,
                                              int aligned) {
+    uform_vram_chain();
     constexpr unsigned quarters = uform_vram_reduce_threads_k / uform_vram_adamw_threads_k;
     __shared__ double warps[uform_vram_reduce_threads_k / 32];
     __shared__ double partials[quarters];
@@ -175,6 +178,7 @@ __global__ void uform_vram_adamw_kernel(float* __restrict__ weights, uform_bf16_
                                         int32_t const* __restrict__ after, int32_t* __restrict__ verdict,
                                         uform_vram_adamw_piece_t const* __restrict__ pieces,
                                         uform_vram_adamw_settings_t settings, int aligned) {
+    uform_vram_chain();
     __shared__ float shared_scale;
     __shared__ int shared_skip;
     if (threadIdx.x == 0) {
@@ -231,6 +235,7 @@ __global__ void uform_vram_adamw_kernel(float* __restrict__ weights, uform_bf16_
 /* -------------------------------------------------------------------------------------------- */
 
 __global__ void uform_vram_convert_vectors(uint2* __restrict__ out, float4 const* __restrict__ in, size_t vectors) {
+    uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < vectors; index += stride) {
         float4 v = in[index];
@@ -243,6 +248,7 @@ __global__ void uform_vram_convert_vectors(uint2* __restrict__ out, float4 const
 }
 
 __global__ void uform_vram_convert_scalars(uform_bf16_t* __restrict__ out, float const* __restrict__ in, size_t count) {
+    uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < count; index += stride)
         out[index] = __float2bfloat16_rn(in[index]);
@@ -279,17 +285,19 @@ uform_status_t uform_vram_sum_squares(void* context, double* sum, float const* x
     size_t blocks = (count + uform_vram_adamw_piece_k - 1) / uform_vram_adamw_piece_k;
     int aligned = (uintptr_t)x % 16 == 0;
     if (blocks > 0x7FFFFFFFu || blocks * sizeof(double) > vram->scratch_bytes[uform_vram_scratch_reduce_k]) {
-        uform_vram_sum_squares_alone<<<1, uform_vram_reduce_threads_k, 0, vram->stream>>>(sum, x, count, aligned);
+        uform_vram_launch(uform_vram_sum_squares_alone, 1, uform_vram_reduce_threads_k, 0, vram->stream, sum, x, count,
+            aligned);
         return uform_vram_launched("uform_vram_sum_squares (past the plan)");
     }
     double* partials = (double*)vram->scratch[uform_vram_scratch_reduce_k];
     if (blocks) {
-        uform_vram_sum_squares_blocks<<<(unsigned)blocks, uform_vram_adamw_threads_k, 0, vram->stream>>>(
+        uform_vram_launch(uform_vram_sum_squares_blocks, (unsigned)blocks, uform_vram_adamw_threads_k, 0, vram->stream,
             partials, x, count, aligned);
         uform_status_t status = uform_vram_launched("uform_vram_sum_squares (blocks)");
         if (status != uform_status_success_k) return status;
     }
-    uform_vram_sum_squares_total<<<1, uform_vram_reduce_threads_k, 0, vram->stream>>>(sum, partials, blocks);
+    uform_vram_launch(uform_vram_sum_squares_total, 1, uform_vram_reduce_threads_k, 0, vram->stream, sum, partials,
+        blocks);
     return uform_vram_launched("uform_vram_sum_squares (total)");
 }
 
@@ -331,10 +339,10 @@ uform_status_t uform_vram_adamw(void* context, uform_update_t const* update) {
     int aligned = (uintptr_t)update->weights % 16 == 0 && (uintptr_t)update->gradients % 16 == 0 &&
                   (uintptr_t)update->first % 16 == 0 && (uintptr_t)update->second % 16 == 0 &&
                   (uintptr_t)update->compute % 8 == 0;
-    uform_vram_adamw_kernel<<<(unsigned)count, uform_vram_adamw_threads_k, 0, vram->stream>>>(
+    uform_vram_launch(uform_vram_adamw_kernel, (unsigned)count, uform_vram_adamw_threads_k, 0, vram->stream,
         update->weights, (uform_bf16_t*)update->compute, update->gradients, update->first, update->second,
-        update->scalars, update->after, update->verdict, (uform_vram_adamw_piece_t const*)vram->scratch[uform_vram_scratch_adamw_k], settings,
-        aligned);
+        update->scalars, update->after, update->verdict,
+        (uform_vram_adamw_piece_t const*)vram->scratch[uform_vram_scratch_adamw_k], settings, aligned);
     return uform_vram_launched("uform_vram_adamw");
 }
 
@@ -342,10 +350,10 @@ uform_status_t uform_vram_convert(void* context, void* activations, float const*
     if (!count) return uform_status_success_k;
     cudaStream_t stream = uform_vram(context)->stream;
     if (count % 4 == 0 && (uintptr_t)activations % 8 == 0 && (uintptr_t)source % 16 == 0)
-        uform_vram_convert_vectors<<<uform_vram_adamw_grid(context, count / 4), uform_vram_adamw_threads_k, 0,
-                                     stream>>>((uint2*)activations, (float4 const*)source, count / 4);
+        uform_vram_launch(uform_vram_convert_vectors, uform_vram_adamw_grid(context, count / 4),
+            uform_vram_adamw_threads_k, 0, stream, (uint2*)activations, (float4 const*)source, count / 4);
     else
-        uform_vram_convert_scalars<<<uform_vram_adamw_grid(context, count), uform_vram_adamw_threads_k, 0, stream>>>(
-            (uform_bf16_t*)activations, source, count);
+        uform_vram_launch(uform_vram_convert_scalars, uform_vram_adamw_grid(context, count), uform_vram_adamw_threads_k,
+            0, stream, (uform_bf16_t*)activations, source, count);
     return uform_vram_launched("uform_vram_convert");
 }

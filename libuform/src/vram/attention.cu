@@ -8,6 +8,7 @@
 /* The item lengths and ragged offsets, from the items' segments on the device. */
 static __global__ void uform_vram_attention_metadata_kernel(int32_t* lengths, int64_t* ragged_qkv, int64_t* ragged_o,
                                                      uform_segment_t const* segments, unsigned count, int64_t hidden) {
+    uform_vram_chain();
     unsigned item = blockIdx.x * blockDim.x + threadIdx.x;
     if (item > count) return;
     uform_segment_t last = segments[count - 1];
@@ -20,7 +21,7 @@ static __global__ void uform_vram_attention_metadata_kernel(int32_t* lengths, in
 uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t* lengths, int64_t* ragged_qkv,
                                          int64_t* ragged_o, uform_items_t const* items, size_t hidden) {
     unsigned count = (unsigned)items->count;
-    uform_vram_attention_metadata_kernel<<<uform_vram_blocks(count + 1, 256), 256, 0, context->stream>>>(
+    uform_vram_launch(uform_vram_attention_metadata_kernel, uform_vram_blocks(count + 1, 256), 256, 0, context->stream,
         lengths, ragged_qkv, ragged_o, items->segments, count, (int64_t)hidden);
     return uform_vram_launched("uform_vram_attention_metadata_kernel");
 }

@@ -8,12 +8,14 @@
  *  waits once per step, in `synchronize`, which is also where a kernel's failure surfaces.
  */
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "vram.h"
 
 uform_fail_t uform_vram_fail = nullptr;
+bool uform_vram_dependent_launches = true;
 
 namespace {
 
@@ -41,6 +43,8 @@ uform_status_t uform_vram_device_open(uint32_t ordinal, void** device) {
     uform_vram_device_t* made = new (std::nothrow) uform_vram_device_t();
     if (!made) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for a VRAM device");
     made->ordinal = (int)ordinal;
+    char const* dependent = std::getenv("UFORM_DEPENDENT_LAUNCHES");
+    uform_vram_dependent_launches = !(dependent && !std::strcmp(dependent, "0"));
     made->multiprocessors = properties.multiProcessorCount;
     std::snprintf(made->name, sizeof(made->name), "%s", properties.name);
     *device = made;

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(uform_vram_choices_warps_k * 32)
                               float* __restrict__ probabilities, uform_bf16_t const* __restrict__ logits,
                               uint32_t const* __restrict__ offsets, uint8_t const* __restrict__ choices,
                               float const* __restrict__ targets, size_t count, float factor) {
+    uform_vram_chain();
     __shared__ double warp_losses[uform_vram_choices_warps_k];
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     double warp_loss = 0;
@@ -83,7 +84,7 @@ uform_status_t uform_vram_choices(void* context, double* loss, void* d_logits, f
                                   float const* targets, size_t count, float scale) {
     if (!count && !targets) return uform_status_success_k;
     float factor = count ? (float)((double)scale / (double)count) : 0.0f;
-    uform_vram_choices_kernel<<<1, uform_vram_choices_warps_k * 32, 0, uform_vram(context)->stream>>>(
+    uform_vram_launch(uform_vram_choices_kernel, 1, uform_vram_choices_warps_k * 32, 0, uform_vram(context)->stream,
         loss, (uform_bf16_t*)d_logits, probabilities, (uform_bf16_t const*)logits, offsets, choices, targets, count,
         factor);
     return uform_vram_launched("uform_vram_choices");

@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
     uform_vram_contrastive_prepare_kernel(float* normalized, double* attract_sums, double* repel_sums,
                                           float const* pooled, uint8_t const* cells, float const* weights, size_t items,
                                           size_t hidden) {
+    uform_vram_chain();
     __shared__ double shared[uform_vram_contrastive_threads_k];
     size_t const i = blockIdx.x;
     float const* row = pooled + i * hidden;
@@ -188,6 +189,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
     uform_vram_contrastive_count_kernel(uform_vram_contrastive_header_t* header, double const* attract_sums,
                                         double const* repel_sums, size_t items, int form, size_t dimensions,
                                         float scale) {
+    uform_vram_chain();
     __shared__ unsigned long long shared[uform_vram_contrastive_threads_k];
     unsigned long long counting = 0;
     for (size_t i = threadIdx.x; i < items; i += uform_vram_contrastive_threads_k)
@@ -207,6 +209,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
     uform_vram_contrastive_prefix_kernel(double* embeddings, double* inverse_norms,
                                          uform_vram_contrastive_header_t const* header, float const* pooled,
                                          size_t hidden, size_t width) {
+    uform_vram_chain();
     __shared__ double shared[uform_vram_contrastive_threads_k];
     if (header->counting == 0) return;
     size_t const i = blockIdx.x;
@@ -225,6 +228,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
 __global__ void __launch_bounds__(uform_vram_contrastive_tile_k * uform_vram_contrastive_tile_rows_k)
     uform_vram_contrastive_cosines_kernel(double* cosines, uform_vram_contrastive_header_t const* header,
                                           double const* embeddings, size_t items, size_t hidden, size_t width) {
+    uform_vram_chain();
     constexpr unsigned tile = uform_vram_contrastive_tile_k, rows = uform_vram_contrastive_tile_rows_k;
     constexpr unsigned outputs = tile / rows;
     __shared__ double anchors[tile][tile + 1], others[tile][tile + 1]; /* [row][k], padded against conflicts */
@@ -270,6 +274,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
                                       uint8_t const* cells, float const* weights, uint32_t const* groups,
                                       float const* log_inverse_temperature, float const* bias,
                                       double const* attract_sums, double const* repel_sums, size_t items, int form) {
+    uform_vram_chain();
     constexpr unsigned threads = uform_vram_contrastive_threads_k, warps = uform_vram_contrastive_warps_k;
     __shared__ double shared[threads];
     __shared__ unsigned warp_positives[warps], warp_negatives[warps];
@@ -413,6 +418,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_tile_k * uform_vram_con
     uform_vram_contrastive_couple_kernel(double* d_embeddings, uform_vram_contrastive_header_t const* header,
                                          double const* coupling, double const* embeddings, size_t items, size_t hidden,
                                          size_t width) {
+    uform_vram_chain();
     constexpr unsigned tile = uform_vram_contrastive_tile_k, rows = uform_vram_contrastive_tile_rows_k;
     constexpr unsigned outputs = tile / rows;
     __shared__ double row_part[tile][tile + 1];    /* [i][j]: c_ij */
@@ -457,6 +463,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_threads_k)
     uform_vram_contrastive_project_kernel(double* d_pooled_sums, uform_vram_contrastive_header_t const* header,
                                           double const* d_embeddings, double const* embeddings,
                                           double const* inverse_norms, size_t hidden, size_t width) {
+    uform_vram_chain();
     __shared__ double shared[uform_vram_contrastive_threads_k];
     if (header->counting == 0) return;
     size_t const i = blockIdx.x;
@@ -487,6 +494,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_finish_threads_k)
                                          uform_vram_contrastive_header_t const* header, double const* row_losses,
                                          double const* row_d_temperatures, double const* row_d_biases,
                                          uint32_t const* groups, size_t items, size_t dimensions) {
+    uform_vram_chain();
     constexpr unsigned chunk = uform_vram_contrastive_finish_chunk_k, threads = uform_vram_contrastive_finish_threads_k;
     constexpr unsigned losses_thread = uform_vram_contrastive_groups_k;
     __shared__ double staged_losses[chunk], staged_temperatures[chunk], staged_biases[chunk];
@@ -536,6 +544,7 @@ __global__ void __launch_bounds__(uform_vram_contrastive_finish_threads_k)
 /** d_pooled += (float) the double sum over prefixes, unless no row counted. */
 __global__ void uform_vram_contrastive_apply_kernel(float* d_pooled, uform_vram_contrastive_header_t const* header,
                                                     double const* d_pooled_sums, size_t count) {
+    uform_vram_chain();
     if (header->counting == 0) return;
     size_t const index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index < count) d_pooled[index] += (float)d_pooled_sums[index];
@@ -582,12 +591,12 @@ uform_status_t uform_vram_contrastive(void* context, double* loss, float* d_pool
     unsigned const threads = uform_vram_contrastive_threads_k;
     unsigned const rows = (unsigned)items; /* a block per item; items <= plan->segments */
     if (items) {
-        uform_vram_contrastive_prepare_kernel<<<rows, threads, 0, stream>>>(normalized, s.attract_sums, s.repel_sums,
-                                                                            pooled, cells, weights, items, hidden);
+        uform_vram_launch(uform_vram_contrastive_prepare_kernel, rows, threads, 0, stream, normalized, s.attract_sums,
+            s.repel_sums, pooled, cells, weights, items, hidden);
         UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_prepare_kernel");
     }
-    uform_vram_contrastive_count_kernel<<<1, threads, 0, stream>>>(s.header, s.attract_sums, s.repel_sums, items, form,
-                                                                    dimensions, scale);
+    uform_vram_launch(uform_vram_contrastive_count_kernel, 1, threads, 0, stream, s.header, s.attract_sums,
+        s.repel_sums, items, form, dimensions, scale);
     UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_count_kernel");
 
     if (items && dimensions) {
@@ -603,34 +612,33 @@ uform_status_t uform_vram_contrastive(void* context, double* loss, float* d_pool
             double* row_d_temperatures = s.row_d_temperatures + dimension * items;
             double* row_d_biases = s.row_d_biases + dimension * items;
 
-            uform_vram_contrastive_prefix_kernel<<<rows, threads, 0, stream>>>(s.embeddings, s.inverse_norms, s.header,
-                                                                               pooled, hidden, width);
+            uform_vram_launch(uform_vram_contrastive_prefix_kernel, rows, threads, 0, stream, s.embeddings,
+                s.inverse_norms, s.header, pooled, hidden, width);
             UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_prefix_kernel");
-            uform_vram_contrastive_cosines_kernel<<<dim3(item_tiles, item_tiles), tile_threads, 0, stream>>>(
-                s.cosines, s.header, s.embeddings, items, hidden, width);
+            uform_vram_launch(uform_vram_contrastive_cosines_kernel, dim3(item_tiles, item_tiles), tile_threads, 0,
+                stream, s.cosines, s.header, s.embeddings, items, hidden, width);
             UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_cosines_kernel");
-            uform_vram_contrastive_row_kernel<<<rows, threads, 0, stream>>>(
-                s.coupling, row_losses, row_d_temperatures, row_d_biases, s.lists, s.header, s.cosines, cells, weights,
-                groups, log_inverse_temperature, bias, s.attract_sums, s.repel_sums, items, form);
+            uform_vram_launch(uform_vram_contrastive_row_kernel, rows, threads, 0, stream, s.coupling, row_losses,
+                row_d_temperatures, row_d_biases, s.lists, s.header, s.cosines, cells, weights, groups,
+                log_inverse_temperature, bias, s.attract_sums, s.repel_sums, items, form);
             UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_row_kernel");
-            uform_vram_contrastive_couple_kernel<<<dim3(uform_vram_blocks(width, uform_vram_contrastive_tile_k),
-                                                        item_tiles),
-                                                   tile_threads, 0, stream>>>(s.d_embeddings, s.header, s.coupling,
-                                                                              s.embeddings, items, hidden, width);
+            uform_vram_launch(uform_vram_contrastive_couple_kernel,
+                dim3(uform_vram_blocks(width, uform_vram_contrastive_tile_k), item_tiles), tile_threads, 0, stream,
+                s.d_embeddings, s.header, s.coupling, s.embeddings, items, hidden, width);
             UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_couple_kernel");
-            uform_vram_contrastive_project_kernel<<<rows, threads, 0, stream>>>(
-                s.d_pooled_sums, s.header, s.d_embeddings, s.embeddings, s.inverse_norms, hidden, width);
+            uform_vram_launch(uform_vram_contrastive_project_kernel, rows, threads, 0, stream, s.d_pooled_sums,
+                s.header, s.d_embeddings, s.embeddings, s.inverse_norms, hidden, width);
             UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_project_kernel");
         }
     }
 
-    uform_vram_contrastive_finish_kernel<<<1, uform_vram_contrastive_finish_threads_k, 0, stream>>>(
-        loss, d_log_inverse_temperature, d_bias, s.header, s.row_losses, s.row_d_temperatures, s.row_d_biases, groups,
-        items, items ? dimensions : 0);
+    uform_vram_launch(uform_vram_contrastive_finish_kernel, 1, uform_vram_contrastive_finish_threads_k, 0, stream, loss,
+        d_log_inverse_temperature, d_bias, s.header, s.row_losses, s.row_d_temperatures, s.row_d_biases, groups, items,
+        items ? dimensions : 0);
     UFORM_VRAM_CONTRASTIVE_LAUNCHED("uform_vram_contrastive_finish_kernel");
     if (!items || !dimensions) return uform_status_success_k;
     size_t const count = items * hidden;
-    uform_vram_contrastive_apply_kernel<<<uform_vram_blocks(count, threads), threads, 0, stream>>>(
+    uform_vram_launch(uform_vram_contrastive_apply_kernel, uform_vram_blocks(count, threads), threads, 0, stream,
         d_pooled, s.header, s.d_pooled_sums, count);
     return uform_vram_launched("uform_vram_contrastive_apply_kernel");
 }

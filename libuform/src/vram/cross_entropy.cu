@@ -77,6 +77,7 @@ __device__ __forceinline__ double uform_vram_cross_entropy_total(double sum) {
 __global__ void uform_vram_cross_entropy_rows(double* __restrict__ losses, uform_bf16_t* d_logits,
                                               uform_bf16_t const* logits, uint32_t const* __restrict__ targets,
                                               size_t count, size_t classes, float factor) {
+    uform_vram_chain();
     size_t row = (size_t)blockIdx.x * uform_vram_cross_entropy_rows_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (row >= count) return; /* whole warps leave together */
@@ -87,6 +88,7 @@ __global__ void uform_vram_cross_entropy_rows(double* __restrict__ losses, uform
 /** One block of 1024 threads: *loss = (the rows' losses added in the fixed order) / divisor. */
 __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_cross_entropy_mean(double* __restrict__ loss, double const* __restrict__ losses,
                                               size_t count, double divisor) {
+    uform_vram_chain();
     double sum = 0;
     for (size_t index = threadIdx.x; index < count; index += uform_vram_reduce_threads_k) sum += losses[index];
     sum = uform_vram_cross_entropy_total(sum);
@@ -102,6 +104,7 @@ __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_cross_
 __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_cross_entropy_alone(double* __restrict__ loss, uform_bf16_t* d_logits,
                                                uform_bf16_t const* logits, uint32_t const* __restrict__ targets,
                                                size_t count, size_t classes, float factor) {
+    uform_vram_chain();
     unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     double sum = 0;
     for (size_t base = 32 * (size_t)warp; base < count; base += uform_vram_reduce_threads_k)
@@ -113,7 +116,8 @@ __global__ void __launch_bounds__(uform_vram_reduce_threads_k) uform_vram_cross_
     if (threadIdx.x == 0) *loss = sum / (double)count;
 }
 
-__global__ void uform_vram_cross_entropy_empty(double* loss) { *loss = __longlong_as_double(0x7FF8000000000000ll); }
+__global__ void uform_vram_cross_entropy_empty(double* loss) {
+    uform_vram_chain(); *loss = __longlong_as_double(0x7FF8000000000000ll); }
 
 } // namespace
 
@@ -128,19 +132,19 @@ uform_status_t uform_vram_cross_entropy(void* context, double* loss, void* d_log
                                         uint32_t const* targets, size_t count, size_t classes, float scale) {
     uform_vram_context_t* vram = uform_vram(context);
     if (!count || !classes) {
-        uform_vram_cross_entropy_empty<<<1, 1, 0, vram->stream>>>(loss);
+        uform_vram_launch(uform_vram_cross_entropy_empty, 1, 1, 0, vram->stream, loss);
         return uform_vram_launched("uform_vram_cross_entropy (no rows)");
     }
     float factor = (float)((double)scale / (double)count);
     size_t blocks = (count + uform_vram_cross_entropy_rows_k - 1) / uform_vram_cross_entropy_rows_k;
     if (blocks > 0x7FFFFFFFu || count * sizeof(double) > vram->scratch_bytes[uform_vram_scratch_reduce_k]) {
-        uform_vram_cross_entropy_alone<<<1, uform_vram_reduce_threads_k, 0, vram->stream>>>(
-            loss, (uform_bf16_t*)d_logits, (uform_bf16_t const*)logits, targets, count, classes, factor);
+        uform_vram_launch(uform_vram_cross_entropy_alone, 1, uform_vram_reduce_threads_k, 0, vram->stream, loss,
+            (uform_bf16_t*)d_logits, (uform_bf16_t const*)logits, targets, count, classes, factor);
         return uform_vram_launched("uform_vram_cross_entropy (past the plan)");
     }
     double* losses = (double*)vram->scratch[uform_vram_scratch_reduce_k];
-    uform_vram_cross_entropy_rows<<<(unsigned)blocks, uform_vram_cross_entropy_threads_k, 0, vram->stream>>>(
-        losses, (uform_bf16_t*)d_logits, (uform_bf16_t const*)logits, targets, count, classes, factor);
+    uform_vram_launch(uform_vram_cross_entropy_rows, (unsigned)blocks, uform_vram_cross_entropy_threads_k, 0,
+        vram->stream, losses, (uform_bf16_t*)d_logits, (uform_bf16_t const*)logits, targets, count, classes, factor);
     uform_status_t status = uform_vram_launched("uform_vram_cross_entropy (rows)");
     if (status != uform_status_success_k) return status;
     return uform_vram_mean_of_rows(vram, loss, losses, count, (double)count, "uform_vram_cross_entropy (mean)");
@@ -148,6 +152,7 @@ uform_status_t uform_vram_cross_entropy(void* context, double* loss, void* d_log
 
 uform_status_t uform_vram_mean_of_rows(uform_vram_context_t* context, double* loss, double const* losses, size_t count,
                                        double divisor, char const* name) {
-    uform_vram_cross_entropy_mean<<<1, uform_vram_reduce_threads_k, 0, context->stream>>>(loss, losses, count, divisor);
+    uform_vram_launch(uform_vram_cross_entropy_mean, 1, uform_vram_reduce_threads_k, 0, context->stream, loss, losses,
+        count, divisor);
     return uform_vram_launched(name);
 }

@@ -24,6 +24,7 @@ constexpr unsigned uform_vram_embedding_slices_k = 16;   /* slices of an id's li
 /** 16-byte copies: `vectors` = hidden / 8 per row. */
 __global__ void uform_vram_embedding_forward_vectors(uint4* __restrict__ out, uint4 const* __restrict__ table,
                                                      uint32_t const* __restrict__ ids, size_t tokens, size_t vectors) {
+    uform_vram_chain();
     size_t total = tokens * vectors, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
         size_t token = index / vectors, vector = index - token * vectors;
@@ -34,6 +35,7 @@ __global__ void uform_vram_embedding_forward_vectors(uint4* __restrict__ out, ui
 __global__ void uform_vram_embedding_forward_scalars(uform_bf16_t* __restrict__ out,
                                                      uform_bf16_t const* __restrict__ table,
                                                      uint32_t const* __restrict__ ids, size_t tokens, size_t hidden) {
+    uform_vram_chain();
     size_t total = tokens * hidden, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
         size_t token = index / hidden, column = index - token * hidden;
@@ -45,6 +47,7 @@ __global__ void uform_vram_embedding_forward_scalars(uform_bf16_t* __restrict__ 
 __global__ void uform_vram_embedding_backward_kernel(float* __restrict__ d_table, uform_bf16_t const* __restrict__ d_out,
                                                      uint32_t const* __restrict__ order,
                                                      uint32_t const* __restrict__ order_offsets, size_t hidden) {
+    uform_vram_chain();
     __shared__ float slices[uform_vram_embedding_slices_k][uform_vram_embedding_columns_k];
     size_t id = blockIdx.x;
     size_t column = (size_t)blockIdx.y * uform_vram_embedding_columns_k + threadIdx.x;
@@ -91,13 +94,12 @@ uform_status_t uform_vram_embedding_forward(void* context, void* out, void const
     bool vectors = hidden % 8 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)table % 16 == 0;
     if (vectors) {
         size_t per_row = hidden / 8;
-        uform_vram_embedding_forward_vectors<<<uform_vram_embedding_grid(context, tokens * per_row),
-                                               uform_vram_embedding_threads_k, 0, stream>>>(
-            (uint4*)out, (uint4 const*)table, ids, tokens, per_row);
+        uform_vram_launch(uform_vram_embedding_forward_vectors, uform_vram_embedding_grid(context, tokens * per_row),
+            uform_vram_embedding_threads_k, 0, stream, (uint4*)out, (uint4 const*)table, ids, tokens, per_row);
     } else {
-        uform_vram_embedding_forward_scalars<<<uform_vram_embedding_grid(context, tokens * hidden),
-                                               uform_vram_embedding_threads_k, 0, stream>>>(
-            (uform_bf16_t*)out, (uform_bf16_t const*)table, ids, tokens, hidden);
+        uform_vram_launch(uform_vram_embedding_forward_scalars, uform_vram_embedding_grid(context, tokens * hidden),
+            uform_vram_embedding_threads_k, 0, stream, (uform_bf16_t*)out, (uform_bf16_t const*)table, ids, tokens,
+            hidden);
     }
     return uform_vram_launched("uform_vram_embedding_forward");
 }
@@ -112,7 +114,7 @@ uform_status_t uform_vram_embedding_backward(void* context, float* d_table, void
                                "embedding backward: vocabulary %zu or hidden %zu is too large", vocabulary, hidden);
     dim3 grid((unsigned)vocabulary, (unsigned)chunks);
     dim3 threads(uform_vram_embedding_columns_k, uform_vram_embedding_slices_k);
-    uform_vram_embedding_backward_kernel<<<grid, threads, 0, uform_vram(context)->stream>>>(
-        d_table, (uform_bf16_t const*)d_out, order, order_offsets, hidden);
+    uform_vram_launch(uform_vram_embedding_backward_kernel, grid, threads, 0, uform_vram(context)->stream, d_table,
+        (uform_bf16_t const*)d_out, order, order_offsets, hidden);
     return uform_vram_launched("uform_vram_embedding_backward");
 }

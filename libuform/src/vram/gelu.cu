@@ -34,6 +34,7 @@ __device__ __forceinline__ float uform_vram_gelu_derivative(float x, float gradi
 }
 
 __global__ void uform_vram_gelu_forward_vectors(uint4* __restrict__ out, uint4 const* __restrict__ in, size_t vectors) {
+    uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < vectors; index += stride) {
         float values[8];
@@ -46,6 +47,7 @@ __global__ void uform_vram_gelu_forward_vectors(uint4* __restrict__ out, uint4 c
 
 __global__ void uform_vram_gelu_forward_scalars(uform_bf16_t* __restrict__ out, uform_bf16_t const* __restrict__ in,
                                                 size_t count) {
+    uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < count; index += stride)
         out[index] = __float2bfloat16_rn(uform_vram_gelu(__bfloat162float(in[index])));
@@ -54,6 +56,7 @@ __global__ void uform_vram_gelu_forward_scalars(uform_bf16_t* __restrict__ out, 
 /* No __restrict__ on d_in and d_out: they may alias. */
 __global__ void uform_vram_gelu_backward_vectors(uint4* d_in, uint4 const* d_out, uint4 const* __restrict__ in,
                                                  size_t vectors) {
+    uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < vectors; index += stride) {
         float values[8], gradients[8];
@@ -67,6 +70,7 @@ __global__ void uform_vram_gelu_backward_vectors(uint4* d_in, uint4 const* d_out
 
 __global__ void uform_vram_gelu_backward_scalars(uform_bf16_t* d_in, uform_bf16_t const* d_out,
                                                  uform_bf16_t const* __restrict__ in, size_t count) {
+    uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < count; index += stride)
         d_in[index] = __float2bfloat16_rn(
@@ -87,11 +91,11 @@ uform_status_t uform_vram_gelu_forward(void* context, void* out, void const* in,
     if (!count) return uform_status_success_k;
     cudaStream_t stream = uform_vram(context)->stream;
     if (count % 8 == 0 && uform_vram_gelu_aligned(out) && uform_vram_gelu_aligned(in))
-        uform_vram_gelu_forward_vectors<<<uform_vram_gelu_grid(context, count / 8), uform_vram_gelu_threads_k, 0,
-                                          stream>>>((uint4*)out, (uint4 const*)in, count / 8);
+        uform_vram_launch(uform_vram_gelu_forward_vectors, uform_vram_gelu_grid(context, count / 8),
+            uform_vram_gelu_threads_k, 0, stream, (uint4*)out, (uint4 const*)in, count / 8);
     else
-        uform_vram_gelu_forward_scalars<<<uform_vram_gelu_grid(context, count), uform_vram_gelu_threads_k, 0,
-                                          stream>>>((uform_bf16_t*)out, (uform_bf16_t const*)in, count);
+        uform_vram_launch(uform_vram_gelu_forward_scalars, uform_vram_gelu_grid(context, count),
+            uform_vram_gelu_threads_k, 0, stream, (uform_bf16_t*)out, (uform_bf16_t const*)in, count);
     return uform_vram_launched("uform_vram_gelu_forward");
 }
 
@@ -100,11 +104,11 @@ uform_status_t uform_vram_gelu_backward(void* context, void* d_in, void const* d
     cudaStream_t stream = uform_vram(context)->stream;
     if (count % 8 == 0 && uform_vram_gelu_aligned(d_in) && uform_vram_gelu_aligned(d_out) &&
         uform_vram_gelu_aligned(in))
-        uform_vram_gelu_backward_vectors<<<uform_vram_gelu_grid(context, count / 8), uform_vram_gelu_threads_k, 0,
-                                           stream>>>((uint4*)d_in, (uint4 const*)d_out, (uint4 const*)in, count / 8);
+        uform_vram_launch(uform_vram_gelu_backward_vectors, uform_vram_gelu_grid(context, count / 8),
+            uform_vram_gelu_threads_k, 0, stream, (uint4*)d_in, (uint4 const*)d_out, (uint4 const*)in, count / 8);
     else
-        uform_vram_gelu_backward_scalars<<<uform_vram_gelu_grid(context, count), uform_vram_gelu_threads_k, 0,
-                                           stream>>>((uform_bf16_t*)d_in, (uform_bf16_t const*)d_out,
-                                                     (uform_bf16_t const*)in, count);
+        uform_vram_launch(uform_vram_gelu_backward_scalars, uform_vram_gelu_grid(context, count),
+            uform_vram_gelu_threads_k, 0, stream, (uform_bf16_t*)d_in, (uform_bf16_t const*)d_out,
+            (uform_bf16_t const*)in, count);
     return uform_vram_launched("uform_vram_gelu_backward");
 }

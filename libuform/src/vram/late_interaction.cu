@@ -57,6 +57,7 @@ __device__ size_t uform_vram_late_row_of(uint32_t const* offsets, size_t count, 
 __global__ void __launch_bounds__(uform_vram_late_threads_k)
     uform_vram_late_scores_kernel(uform_vram_late_scratch_t scratch, float const* __restrict__ vectors, size_t width,
                                   uform_late_interaction_setup_t setup, size_t query_span) {
+    uform_vram_chain();
     __shared__ double warp_sums[uform_vram_late_warps_k];
     size_t j = blockIdx.x;
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(uform_vram_late_threads_k)
     uform_vram_late_rows_kernel(uform_vram_late_scratch_t scratch, double* loss, float* d_log_inverse_temperature,
                                 float* d_bias, float const* log_inverse_temperature, float const* bias,
                                 uform_late_interaction_setup_t setup, float scale) {
+    uform_vram_chain();
     __shared__ double factor;
     double temperature = exp((double)log_inverse_temperature[0]);
     for (size_t r = threadIdx.x; r < setup.count; r += uform_vram_late_threads_k) {
@@ -174,6 +176,7 @@ __global__ void __launch_bounds__(uform_vram_late_threads_k)
     uform_vram_late_vectors_kernel(float* __restrict__ d_vectors, uform_vram_late_scratch_t scratch,
                                    float const* __restrict__ vectors, size_t rows, size_t width,
                                    uform_late_interaction_setup_t setup, size_t query_span) {
+    uform_vram_chain();
     size_t x = (size_t)blockIdx.x * uform_vram_late_warps_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (x >= rows) return;
@@ -226,19 +229,19 @@ uform_status_t uform_vram_late_interaction(void* context, double* loss, float* d
         uform_vram_late_regions(vram->scratch[uform_vram_scratch_late_k], plan->pairs, plan->segments);
     uform_status_t status = uform_status_success_k;
     if (setup->pairs) {
-        uform_vram_late_scores_kernel<<<(unsigned)setup->pairs, uform_vram_late_threads_k, 0, stream>>>(
+        uform_vram_launch(uform_vram_late_scores_kernel, (unsigned)setup->pairs, uform_vram_late_threads_k, 0, stream,
             scratch, vectors, width, *setup, plan->query_span);
         status = uform_vram_launched("uform_vram_late_interaction (scores)");
     }
     if (status != uform_status_success_k) return status;
-    uform_vram_late_rows_kernel<<<1, uform_vram_late_threads_k, 0, stream>>>(
-        scratch, loss, d_log_inverse_temperature, d_bias, log_inverse_temperature, bias, *setup, scale);
+    uform_vram_launch(uform_vram_late_rows_kernel, 1, uform_vram_late_threads_k, 0, stream, scratch, loss,
+        d_log_inverse_temperature, d_bias, log_inverse_temperature, bias, *setup, scale);
     status = uform_vram_launched("uform_vram_late_interaction (rows)");
     if (status != uform_status_success_k) return status;
     status = uform_vram_check(cudaMemsetAsync(d_vectors, 0, rows * width * sizeof(float), stream),
                               "cudaMemsetAsync (late interaction)");
     if (status != uform_status_success_k || !rows) return status;
-    uform_vram_late_vectors_kernel<<<(unsigned)blocks, uform_vram_late_threads_k, 0, stream>>>(
-        d_vectors, scratch, vectors, rows, width, *setup, plan->query_span);
+    uform_vram_launch(uform_vram_late_vectors_kernel, (unsigned)blocks, uform_vram_late_threads_k, 0, stream, d_vectors,
+        scratch, vectors, rows, width, *setup, plan->query_span);
     return uform_vram_launched("uform_vram_late_interaction (vectors)");
 }

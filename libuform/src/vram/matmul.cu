@@ -58,6 +58,7 @@ bool uform_vram_hopper_takes(uform_vram_context_t* context, size_t m, size_t n, 
 /** b (rows, columns) row-major into b^T, 32 x 32 tiles through shared memory. */
 __global__ void uform_vram_transpose(uform_bf16_t* __restrict__ out, uform_bf16_t const* __restrict__ in, size_t rows,
                                      size_t columns) {
+    uform_vram_chain();
     __shared__ uform_bf16_t tile[32][33];
     size_t row = blockIdx.y * 32 + threadIdx.y, column = blockIdx.x * 32 + threadIdx.x;
     for (int i = 0; i < 32; i += 8)
@@ -281,7 +282,8 @@ uform_status_t uform_vram_matmul_gelu(void* context_, void* activated, void* up,
     if (!m || !uform_vram_hopper_takes(context, m, n, k, a, b, activated, up))
         return uform_vram_product(context, activated, nullptr, a, b, m, n, k, 0, 1, 0, uform_vram_gelu_k, up);
     return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
-                                                 context->multiprocessors, context->stream, uform_hopper_gelu_k,
+                                                 context->multiprocessors, context->stream,
+                                                 uform_vram_dependent_launches, uform_hopper_gelu_k,
                                                  (uform_bf16_t*)activated, (uform_bf16_t*)up, (uform_bf16_t const*)a,
                                                  (uform_bf16_t const*)b, m, n, k),
                             "the GELU product");
@@ -296,12 +298,13 @@ uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void 
         return uform_vram_product(context, d_up, nullptr, a, b, m, n, k, 0, 0, 0, uform_vram_gelu_backward_k, up);
     uform_bf16_t* transposed = (uform_bf16_t*)((char*)context->scratch[uform_vram_scratch_blas_k] +
                                                uform_vram_blas_workspace_k);
-    uform_vram_transpose<<<dim3((unsigned)((n + 31) / 32), (unsigned)((k + 31) / 32)), dim3(32, 8), 0,
-                           context->stream>>>(transposed, (uform_bf16_t const*)b, k, n);
+    uform_vram_launch(uform_vram_transpose, dim3((unsigned)((n + 31) / 32), (unsigned)((k + 31) / 32)), dim3(32, 8), 0,
+        context->stream, transposed, (uform_bf16_t const*)b, k, n);
     uform_status_t status = uform_vram_launched("uform_vram_transpose");
     if (status != uform_status_success_k) return status;
     return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
                                                  context->multiprocessors, context->stream,
+                                                 uform_vram_dependent_launches,
                                                  uform_hopper_gelu_backward_k, (uform_bf16_t*)d_up,
                                                  (uform_bf16_t*)up /* read */, (uform_bf16_t const*)a, transposed, m, n, k),
                             "the GELU backward product");

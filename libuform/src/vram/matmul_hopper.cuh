@@ -217,6 +217,9 @@ __global__ void __launch_bounds__(threads, 1)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    /* Launched as the kernel before it drains (`dependent` below): nothing is read or written before that one ends. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
     if (threadIdx.x >= 2 * consumers) { /* the loading warpgroup gives its registers up; one thread issues every copy */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -360,10 +363,11 @@ static inline bool uform_hopper_map(uform_hopper_encoder_t encode, CUtensorMap* 
 }
 
 /** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), d and aux (m, n), all row-major; aux is
- *  written by `gelu`, read by `gelu_backward`. The caller checks `uform_hopper_fits` and `uform_hopper_aligned` first;
- *  this refuses what they refuse. */
+ *  written by `gelu`, read by `gelu_backward`. `dependent`: let the blocks be scheduled while the kernel before it
+ *  drains (programmatic dependent launch); they wait for it before touching memory. The caller checks
+ *  `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse. */
 static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
-                                               uform_hopper_epilogue_t epilogue, __nv_bfloat16* d,
+                                               bool dependent, uform_hopper_epilogue_t epilogue, __nv_bfloat16* d,
                                                __nv_bfloat16* aux, __nv_bfloat16 const* a,
                                                __nv_bfloat16 const* b, size_t m, size_t n, size_t k) {
     using namespace uform_hopper;
@@ -386,8 +390,11 @@ static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, in
                                           : product<uform_hopper_gelu_backward_k>;
     cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
     if (error != cudaSuccess) return error;
-    kernel<<<blocks, threads, shared_bytes, stream>>>(a_map, b_map, d_map, aux_map, args);
-    return cudaGetLastError();
+    cudaLaunchAttribute overlap;
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {dim3(blocks), dim3(threads), shared_bytes, stream, &overlap, dependent ? 1u : 0u};
+    return cudaLaunchKernelEx(&config, kernel, a_map, b_map, d_map, aux_map, args);
 }
 
 #endif

@@ -33,6 +33,7 @@ __device__ __forceinline__ float uform_vram_normalize_inverse(uform_bf16_t const
 
 __global__ void uform_vram_normalize_forward_kernel(float* __restrict__ out, uform_bf16_t const* __restrict__ in,
                                                     size_t rows, size_t width) {
+    uform_vram_chain();
     size_t row = (size_t)blockIdx.x * uform_vram_normalize_rows_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (row >= rows) return; /* whole warps leave together */
@@ -45,6 +46,7 @@ __global__ void uform_vram_normalize_forward_kernel(float* __restrict__ out, ufo
 __global__ void uform_vram_normalize_backward_kernel(uform_bf16_t* __restrict__ d_in, float const* __restrict__ d_out,
                                                      float const* __restrict__ out, uform_bf16_t const* __restrict__ in,
                                                      size_t rows, size_t width) {
+    uform_vram_chain();
     size_t row = (size_t)blockIdx.x * uform_vram_normalize_rows_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -65,8 +67,8 @@ uform_status_t uform_vram_normalize_rows(void* context, float* out, void const* 
     size_t blocks = (rows + uform_vram_normalize_rows_k - 1) / uform_vram_normalize_rows_k;
     if (blocks > 0x7FFFFFFFu)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "normalize rows: %zu rows", rows);
-    uform_vram_normalize_forward_kernel<<<(unsigned)blocks, uform_vram_normalize_threads_k, 0,
-                                          uform_vram(context)->stream>>>(out, (uform_bf16_t const*)in, rows, width);
+    uform_vram_launch(uform_vram_normalize_forward_kernel, (unsigned)blocks, uform_vram_normalize_threads_k, 0,
+        uform_vram(context)->stream, out, (uform_bf16_t const*)in, rows, width);
     return uform_vram_launched("uform_vram_normalize_rows");
 }
 
@@ -76,8 +78,7 @@ uform_status_t uform_vram_normalize_rows_backward(void* context, void* d_in, flo
     size_t blocks = (rows + uform_vram_normalize_rows_k - 1) / uform_vram_normalize_rows_k;
     if (blocks > 0x7FFFFFFFu)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "normalize rows backward: %zu rows", rows);
-    uform_vram_normalize_backward_kernel<<<(unsigned)blocks, uform_vram_normalize_threads_k, 0,
-                                           uform_vram(context)->stream>>>(
-        (uform_bf16_t*)d_in, d_out, out, (uform_bf16_t const*)in, rows, width);
+    uform_vram_launch(uform_vram_normalize_backward_kernel, (unsigned)blocks, uform_vram_normalize_threads_k, 0,
+        uform_vram(context)->stream, (uform_bf16_t*)d_in, d_out, out, (uform_bf16_t const*)in, rows, width);
     return uform_vram_launched("uform_vram_normalize_rows_backward");
 }

@@ -20,6 +20,7 @@ constexpr unsigned uform_vram_patch_rows_k = uform_vram_patch_threads_k / 32;
 __global__ void uform_vram_patch_rows(double* __restrict__ sums, uform_bf16_t* d_predictions,
                                       uform_bf16_t const* predictions, float const* __restrict__ targets,
                                       size_t count, size_t width, float factor) {
+    uform_vram_chain();
     size_t row = (size_t)blockIdx.x * uform_vram_patch_rows_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (row >= count) return; /* whole warps leave together */
@@ -46,7 +47,8 @@ __global__ void uform_vram_patch_rows(double* __restrict__ sums, uform_bf16_t* d
     if (lane == 0) sums[row] = sum;
 }
 
-__global__ void uform_vram_patch_empty(double* loss) { *loss = __longlong_as_double(0x7FF8000000000000ll); }
+__global__ void uform_vram_patch_empty(double* loss) {
+    uform_vram_chain(); *loss = __longlong_as_double(0x7FF8000000000000ll); }
 
 } // namespace
 
@@ -54,7 +56,7 @@ uform_status_t uform_vram_patch_loss(void* context, double* loss, void* d_predic
                                      float const* targets, size_t count, size_t width, float scale) {
     uform_vram_context_t* vram = uform_vram(context);
     if (!count || !width) {
-        uform_vram_patch_empty<<<1, 1, 0, vram->stream>>>(loss);
+        uform_vram_launch(uform_vram_patch_empty, 1, 1, 0, vram->stream, loss);
         return uform_vram_launched("uform_vram_patch_loss (no rows)");
     }
     if (count * sizeof(double) > vram->scratch_bytes[uform_vram_scratch_reduce_k])
@@ -63,8 +65,8 @@ uform_status_t uform_vram_patch_loss(void* context, double* loss, void* d_predic
     double divisor = (double)count * (double)width;
     double* sums = (double*)vram->scratch[uform_vram_scratch_reduce_k];
     size_t blocks = (count + uform_vram_patch_rows_k - 1) / uform_vram_patch_rows_k;
-    uform_vram_patch_rows<<<(unsigned)blocks, uform_vram_patch_threads_k, 0, vram->stream>>>(
-        sums, (uform_bf16_t*)d_predictions, (uform_bf16_t const*)predictions, targets, count, width,
+    uform_vram_launch(uform_vram_patch_rows, (unsigned)blocks, uform_vram_patch_threads_k, 0, vram->stream, sums,
+        (uform_bf16_t*)d_predictions, (uform_bf16_t const*)predictions, targets, count, width,
         (float)(2.0 * scale / divisor));
     uform_status_t status = uform_vram_launched("uform_vram_patch_loss (rows)");
     return status == uform_status_success_k

@@ -45,6 +45,7 @@ template <bool Vectors>
 __global__ void uform_vram_rmsnorm_forward_kernel(uform_bf16_t* __restrict__ out, float* __restrict__ rstd,
                                                   uform_bf16_t const* __restrict__ x, float const* __restrict__ gain,
                                                   size_t tokens, size_t hidden) {
+    uform_vram_chain();
     size_t token = (size_t)blockIdx.x * uform_vram_rmsnorm_warps_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (token >= tokens) return; /* whole warps leave together */
@@ -92,6 +93,7 @@ template <bool Vectors>
 __global__ void uform_vram_rmsnorm_backward_kernel(uform_bf16_t* __restrict__ d_x, uform_bf16_t const* __restrict__ d_out,
                                                    uform_bf16_t const* __restrict__ x, float const* __restrict__ gain,
                                                    float const* __restrict__ rstd, size_t tokens, size_t hidden) {
+    uform_vram_chain();
     size_t token = (size_t)blockIdx.x * uform_vram_rmsnorm_warps_k + threadIdx.x / 32;
     unsigned lane = threadIdx.x % 32;
     if (token >= tokens) return;
@@ -155,6 +157,7 @@ __global__ __launch_bounds__(uform_vram_rmsnorm_threads_k, Lanes <= 2 ? 3 : 2) v
     uform_bf16_t* __restrict__ d_x, double* __restrict__ partials, uform_bf16_t const* __restrict__ d_out,
     uform_bf16_t const* __restrict__ x, float const* __restrict__ gain, float const* __restrict__ rstd, unsigned tokens,
     unsigned hidden) {
+    uform_vram_chain();
     __shared__ float warp_sums[uform_vram_rmsnorm_warps_k][Lanes * 256];
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     unsigned row_vectors = hidden / 8, tile = blockIdx.y * (unsigned)(uform_vram_rmsnorm_tile_k / 8);
@@ -240,6 +243,7 @@ constexpr unsigned uform_vram_rmsnorm_gain_columns_k = 8, uform_vram_rmsnorm_gai
  *  slices are added in order. Eight columns a block, so a 512-wide row spreads over 64 blocks. */
 __global__ void uform_vram_rmsnorm_gain_kernel(float* __restrict__ d_gain, double const* __restrict__ partials,
                                                size_t blocks, size_t hidden) {
+    uform_vram_chain();
     __shared__ double slices[uform_vram_rmsnorm_gain_slices_k][uform_vram_rmsnorm_gain_columns_k];
     size_t column = (size_t)blockIdx.x * uform_vram_rmsnorm_gain_columns_k + threadIdx.x;
     double sum = 0;
@@ -259,6 +263,7 @@ __global__ void uform_vram_rmsnorm_gain_kernel(float* __restrict__ d_gain, doubl
 __global__ void uform_vram_rmsnorm_gain_direct_kernel(float* __restrict__ d_gain, uform_bf16_t const* __restrict__ d_out,
                                                       uform_bf16_t const* __restrict__ x,
                                                       float const* __restrict__ rstd, size_t tokens, size_t hidden) {
+    uform_vram_chain();
     size_t column = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (column >= hidden) return;
     double sum = 0;
@@ -294,11 +299,11 @@ uform_status_t uform_vram_rmsnorm_forward(void* context, void* out, float* rstd,
     bool vectors = hidden % 8 == 0 && uform_vram_rmsnorm_aligned(out) && uform_vram_rmsnorm_aligned(x) &&
                    uform_vram_rmsnorm_aligned(gain);
     if (vectors)
-        uform_vram_rmsnorm_forward_kernel<true><<<(unsigned)blocks, uform_vram_rmsnorm_threads_k, 0, stream>>>(
-            (uform_bf16_t*)out, rstd, (uform_bf16_t const*)x, gain, tokens, hidden);
+        uform_vram_launch(uform_vram_rmsnorm_forward_kernel<true>, (unsigned)blocks, uform_vram_rmsnorm_threads_k, 0,
+            stream, (uform_bf16_t*)out, rstd, (uform_bf16_t const*)x, gain, tokens, hidden);
     else
-        uform_vram_rmsnorm_forward_kernel<false><<<(unsigned)blocks, uform_vram_rmsnorm_threads_k, 0, stream>>>(
-            (uform_bf16_t*)out, rstd, (uform_bf16_t const*)x, gain, tokens, hidden);
+        uform_vram_launch(uform_vram_rmsnorm_forward_kernel<false>, (unsigned)blocks, uform_vram_rmsnorm_threads_k, 0,
+            stream, (uform_bf16_t*)out, rstd, (uform_bf16_t const*)x, gain, tokens, hidden);
     return uform_vram_launched("uform_vram_rmsnorm_forward");
 }
 
@@ -326,26 +331,25 @@ uform_status_t uform_vram_rmsnorm_backward(void* context, void* d_x, float* d_ga
                       : lanes == 2 ? uform_vram_rmsnorm_backward_fused_kernel<2, true>
                       : lanes == 3 ? uform_vram_rmsnorm_backward_fused_kernel<3, true>
                                    : uform_vram_rmsnorm_backward_fused_kernel<4, true>;
-        kernel<<<dim3((unsigned)fused_blocks, (unsigned)tiles), uform_vram_rmsnorm_threads_k, 0, stream>>>(
-            (uform_bf16_t*)d_x, partials, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, (unsigned)tokens,
-            (unsigned)hidden);
+        uform_vram_launch(kernel, dim3((unsigned)fused_blocks, (unsigned)tiles), uform_vram_rmsnorm_threads_k, 0,
+            stream, (uform_bf16_t*)d_x, partials, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd,
+            (unsigned)tokens, (unsigned)hidden);
         uform_status_t status = uform_vram_launched("uform_vram_rmsnorm_backward (fused)");
         if (status != uform_status_success_k) return status;
-        uform_vram_rmsnorm_gain_kernel<<<uform_vram_blocks(hidden, uform_vram_rmsnorm_gain_columns_k),
-                                         dim3(uform_vram_rmsnorm_gain_columns_k, uform_vram_rmsnorm_gain_slices_k), 0,
-                                         stream>>>(
-            d_gain, partials, fused_blocks, hidden);
+        uform_vram_launch(uform_vram_rmsnorm_gain_kernel, uform_vram_blocks(hidden, uform_vram_rmsnorm_gain_columns_k),
+            dim3(uform_vram_rmsnorm_gain_columns_k, uform_vram_rmsnorm_gain_slices_k), 0, stream, d_gain, partials,
+            fused_blocks, hidden);
         return uform_vram_launched("uform_vram_rmsnorm_backward (gain)");
     }
     if (vectors)
-        uform_vram_rmsnorm_backward_kernel<true><<<(unsigned)blocks, uform_vram_rmsnorm_threads_k, 0, stream>>>(
-            (uform_bf16_t*)d_x, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, tokens, hidden);
+        uform_vram_launch(uform_vram_rmsnorm_backward_kernel<true>, (unsigned)blocks, uform_vram_rmsnorm_threads_k, 0,
+            stream, (uform_bf16_t*)d_x, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, tokens, hidden);
     else
-        uform_vram_rmsnorm_backward_kernel<false><<<(unsigned)blocks, uform_vram_rmsnorm_threads_k, 0, stream>>>(
-            (uform_bf16_t*)d_x, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, tokens, hidden);
+        uform_vram_launch(uform_vram_rmsnorm_backward_kernel<false>, (unsigned)blocks, uform_vram_rmsnorm_threads_k, 0,
+            stream, (uform_bf16_t*)d_x, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, gain, rstd, tokens, hidden);
     uform_status_t status = uform_vram_launched("uform_vram_rmsnorm_backward (d_x)");
     if (status != uform_status_success_k) return status;
-    uform_vram_rmsnorm_gain_direct_kernel<<<uform_vram_blocks(hidden, 128), 128, 0, stream>>>(
-        d_gain, (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, rstd, tokens, hidden);
+    uform_vram_launch(uform_vram_rmsnorm_gain_direct_kernel, uform_vram_blocks(hidden, 128), 128, 0, stream, d_gain,
+        (uform_bf16_t const*)d_out, (uform_bf16_t const*)x, rstd, tokens, hidden);
     return uform_vram_launched("uform_vram_rmsnorm_backward (gain, unfused)");
 }

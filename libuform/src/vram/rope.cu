@@ -26,6 +26,7 @@ struct uform_vram_rope_frequencies_t {
 __global__ void uform_vram_rope_kernel(__nv_bfloat162* __restrict__ qkv, uint32_t const* __restrict__ positions,
                                        size_t tokens, size_t hidden, uform_vram_rope_frequencies_t frequencies,
                                        double sign) {
+    uform_vram_chain();
     size_t total = tokens * uform_vram_rope_pairs_k, stride = (size_t)gridDim.x * blockDim.x;
     size_t rotated_heads = 2 * (hidden / uform_head_width_k); /* queries' heads, then keys' */
     size_t row_pairs = 3 * hidden / 2;
@@ -59,9 +60,8 @@ uform_status_t uform_vram_rope_rotate(void* context, void* qkv, uint32_t const* 
     size_t work = tokens * uform_vram_rope_pairs_k;
     size_t cap = (size_t)(uform_vram(context)->multiprocessors > 0 ? uform_vram(context)->multiprocessors : 1) * 16;
     size_t blocks = uform_vram_blocks(work, uform_vram_rope_threads_k);
-    uform_vram_rope_kernel<<<(unsigned)(blocks < cap ? blocks : cap), uform_vram_rope_threads_k, 0,
-                             uform_vram(context)->stream>>>((__nv_bfloat162*)qkv, positions, tokens, hidden,
-                                                            frequencies, sign);
+    uform_vram_launch(uform_vram_rope_kernel, (unsigned)(blocks < cap ? blocks : cap), uform_vram_rope_threads_k, 0,
+        uform_vram(context)->stream, (__nv_bfloat162*)qkv, positions, tokens, hidden, frequencies, sign);
     return uform_vram_launched(name);
 }
 

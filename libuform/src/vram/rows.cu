@@ -24,6 +24,7 @@ constexpr unsigned uform_vram_rows_slice_k = 64;    /* tokens of a pooling backw
 template <typename T>
 __global__ void uform_vram_gather_kernel(T* __restrict__ out, T const* __restrict__ in, uint32_t const* __restrict__ rows,
                                          size_t count, size_t width) {
+    uform_vram_chain();
     size_t total = count * width, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
         size_t row = index / width, column = index - row * width;
@@ -34,6 +35,7 @@ __global__ void uform_vram_gather_kernel(T* __restrict__ out, T const* __restric
 /** d_in[rows[i]] += d_out[i], 8 values at a time: `width` counts 16-byte vectors. */
 __global__ void uform_vram_scatter_vectors(uint4* __restrict__ d_in, uint4 const* __restrict__ d_out,
                                            uint32_t const* __restrict__ rows, size_t count, size_t width) {
+    uform_vram_chain();
     size_t total = count * width, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
         size_t row = index / width, column = index - row * width;
@@ -49,6 +51,7 @@ __global__ void uform_vram_scatter_vectors(uint4* __restrict__ d_in, uint4 const
 
 __global__ void uform_vram_scatter_scalars(uform_bf16_t* __restrict__ d_in, uform_bf16_t const* __restrict__ d_out,
                                            uint32_t const* __restrict__ rows, size_t count, size_t width) {
+    uform_vram_chain();
     size_t total = count * width, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
         size_t row = index / width, column = index - row * width;
@@ -60,6 +63,7 @@ __global__ void uform_vram_scatter_scalars(uform_bf16_t* __restrict__ d_in, ufor
 /** Grid (items, column chunks): pooled[item][column] = the mean of the item's rows, summed in token order. */
 __global__ void uform_vram_pool_forward_kernel(float* __restrict__ pooled, uform_bf16_t const* __restrict__ states,
                                                uform_segment_t const* __restrict__ segments, size_t hidden) {
+    uform_vram_chain();
     size_t item = blockIdx.x;
     size_t column = (size_t)blockIdx.y * uform_vram_rows_columns_k + threadIdx.x;
     if (column >= hidden) return;
@@ -83,6 +87,7 @@ __global__ void uform_vram_pool_forward_kernel(float* __restrict__ pooled, uform
 /** Grid (items, column chunks, token slices): d_states += d_pooled / length over the item's rows. */
 __global__ void uform_vram_pool_backward_kernel(uform_bf16_t* __restrict__ d_states, float const* __restrict__ d_pooled,
                                                 uform_segment_t const* __restrict__ segments, size_t hidden) {
+    uform_vram_chain();
     size_t item = blockIdx.x;
     size_t column = (size_t)blockIdx.y * uform_vram_rows_columns_k + threadIdx.x;
     if (column >= hidden) return;
@@ -116,12 +121,11 @@ uform_status_t uform_vram_gather_rows(void* context, void* out, void const* in, 
     if (!count || !width) return uform_status_success_k;
     cudaStream_t stream = uform_vram(context)->stream;
     if (uform_vram_rows_vectors(out, in, width))
-        uform_vram_gather_kernel<uint4><<<uform_vram_rows_grid(context, count * (width / 8)), uform_vram_rows_threads_k,
-                                          0, stream>>>((uint4*)out, (uint4 const*)in, rows, count, width / 8);
+        uform_vram_launch(uform_vram_gather_kernel<uint4>, uform_vram_rows_grid(context, count * (width / 8)),
+            uform_vram_rows_threads_k, 0, stream, (uint4*)out, (uint4 const*)in, rows, count, width / 8);
     else
-        uform_vram_gather_kernel<uform_bf16_t><<<uform_vram_rows_grid(context, count * width),
-                                                 uform_vram_rows_threads_k, 0, stream>>>(
-            (uform_bf16_t*)out, (uform_bf16_t const*)in, rows, count, width);
+        uform_vram_launch(uform_vram_gather_kernel<uform_bf16_t>, uform_vram_rows_grid(context, count * width),
+            uform_vram_rows_threads_k, 0, stream, (uform_bf16_t*)out, (uform_bf16_t const*)in, rows, count, width);
     return uform_vram_launched("uform_vram_gather_rows");
 }
 
@@ -130,11 +134,11 @@ uform_status_t uform_vram_scatter_rows(void* context, void* d_in, void const* d_
     if (!count || !width) return uform_status_success_k;
     cudaStream_t stream = uform_vram(context)->stream;
     if (uform_vram_rows_vectors(d_in, d_out, width))
-        uform_vram_scatter_vectors<<<uform_vram_rows_grid(context, count * (width / 8)), uform_vram_rows_threads_k, 0,
-                                     stream>>>((uint4*)d_in, (uint4 const*)d_out, rows, count, width / 8);
+        uform_vram_launch(uform_vram_scatter_vectors, uform_vram_rows_grid(context, count * (width / 8)),
+            uform_vram_rows_threads_k, 0, stream, (uint4*)d_in, (uint4 const*)d_out, rows, count, width / 8);
     else
-        uform_vram_scatter_scalars<<<uform_vram_rows_grid(context, count * width), uform_vram_rows_threads_k, 0,
-                                     stream>>>((uform_bf16_t*)d_in, (uform_bf16_t const*)d_out, rows, count, width);
+        uform_vram_launch(uform_vram_scatter_scalars, uform_vram_rows_grid(context, count * width),
+            uform_vram_rows_threads_k, 0, stream, (uform_bf16_t*)d_in, (uform_bf16_t const*)d_out, rows, count, width);
     return uform_vram_launched("uform_vram_scatter_rows");
 }
 
@@ -146,7 +150,7 @@ uform_status_t uform_vram_pool_forward(void* context, float* pooled, void const*
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "pool forward: %zu items of %zu", items->count,
                                hidden);
     dim3 grid((unsigned)items->count, (unsigned)chunks);
-    uform_vram_pool_forward_kernel<<<grid, uform_vram_rows_columns_k, 0, uform_vram(context)->stream>>>(
+    uform_vram_launch(uform_vram_pool_forward_kernel, grid, uform_vram_rows_columns_k, 0, uform_vram(context)->stream,
         pooled, (uform_bf16_t const*)states, items->segments, hidden);
     return uform_vram_launched("uform_vram_pool_forward");
 }
@@ -162,7 +166,7 @@ uform_status_t uform_vram_pool_backward(void* context, void* d_states, float con
     size_t slices = (items->longest + uform_vram_rows_slice_k - 1) / uform_vram_rows_slice_k;
     slices = slices ? (slices < 65535 ? slices : 65535) : 1;
     dim3 grid((unsigned)items->count, (unsigned)chunks, (unsigned)slices);
-    uform_vram_pool_backward_kernel<<<grid, uform_vram_rows_columns_k, 0, uform_vram(context)->stream>>>(
+    uform_vram_launch(uform_vram_pool_backward_kernel, grid, uform_vram_rows_columns_k, 0, uform_vram(context)->stream,
         (uform_bf16_t*)d_states, d_pooled, items->segments, hidden);
     return uform_vram_launched("uform_vram_pool_backward");
 }

@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "backend.h"
 
 typedef __nv_bfloat16 uform_bf16_t;
@@ -102,6 +104,35 @@ __device__ __forceinline__ uint4 uform_vram_pack8(float const (&values)[8]) {
 #pragma unroll
     for (int k = 0; k != 4; ++k) pairs[k] = __floats2bfloat162_rn(values[2 * k], values[2 * k + 1]);
     return bits;
+}
+#endif
+
+/** Whether kernels launch as the one before them drains (below); `UFORM_DEPENDENT_LAUNCHES=0` turns it off, to
+ *  compare. Read once, when the first device opens. */
+extern bool uform_vram_dependent_launches;
+
+#if defined(__CUDACC__)
+/** The first statement of every kernel of the library. A kernel launched by `uform_vram_launch` may start while the
+ *  kernel before it in the stream still runs (Hopper's programmatic dependent launch): this waits until that one has
+ *  finished and its writes are visible, then lets the kernel after this one be scheduled in turn, so each launch's
+ *  latency hides behind the tail of the kernel before it. Elsewhere it returns at once. */
+__device__ __forceinline__ void uform_vram_chain() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/** `kernel<<<grid, block, shared, stream>>>(arguments...)`, allowed to start before the kernel ahead of it ends;
+ *  `kernel` must begin with `uform_vram_chain()`. Errors are read as after `<<<>>>`, by `uform_vram_launched`. */
+template <typename... Parameters, typename... Arguments>
+static inline void uform_vram_launch(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared,
+                                     cudaStream_t stream, Arguments&&... arguments) {
+    cudaLaunchAttribute overlap;
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {grid, block, shared, stream, &overlap, uform_vram_dependent_launches ? 1u : 0u};
+    (void)cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...);
 }
 #endif
 
