@@ -157,27 +157,35 @@ struct arguments_t {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/*  The epilogue of a 64 x 128 fragment in place over the warpgroup's tile. Thread (warp w, lane l)
+/*  The epilogue of a 64 x 128 fragment in place over the warpgroup's tile (GELU's forward takes its
+    values in registers first, then writes them as a plain product's). Thread (warp w, lane l)
     holds, for j in 0..15, columns 8j + 2(l % 4) and the next, in row 16w + l / 4 (values 4j, 4j + 1)
     and 8 rows below (4j + 2, 4j + 3). The tile lies as the tensor memory accelerator's two boxes of
     64 columns, 128 bytes a row, with 16-byte chunk c of row r at chunk c ^ (r % 8): the 8 rows a
-    warp touches at once fall on distinct chunks, so its 32 accesses take the 32 banks once each. */
+    warp touches at once fall on distinct chunks, so its 32 accesses take the 32 banks once each.
+    A row's aux is read whole before its first result is written: the compiler cannot tell a result's
+    address from the next aux's, so a load after each store would wait out its latency 64 times a tile. */
 template <uform_hopper_epilogue_t epilogue>
 __device__ __forceinline__ void finish(float const (&sums)[64], uint8_t* tile, int row0) {
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
 #pragma unroll
     for (int below = 0; below != 2; ++below) {
         uint8_t* row = tile + (row0 + warp * 16 + lane / 4 + 8 * below) * 128 + 4 * (lane % 4);
+        auto at = [&](int j) {
+            return (__nv_bfloat162*)(row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16));
+        };
+        __nv_bfloat162 aux[16];
+        if (epilogue == uform_hopper_gelu_backward_k)
+#pragma unroll
+            for (int j = 0; j != 16; ++j) aux[j] = *at(j);
 #pragma unroll
         for (int j = 0; j != 16; ++j) {
-            __nv_bfloat162* at = (__nv_bfloat162*)(row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16));
             float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
-            if (epilogue == uform_hopper_gelu_k) x.x = gelu(x.x), x.y = gelu(x.y);
             if (epilogue == uform_hopper_gelu_backward_k) {
-                float2 up = __bfloat1622float2(*at);
+                float2 up = __bfloat1622float2(aux[j]);
                 x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
             }
-            *at = __floats2bfloat162_rn(x.x, x.y);
+            *at(j) = __floats2bfloat162_rn(x.x, x.y);
         }
     }
 }
@@ -282,28 +290,36 @@ __global__ void __launch_bounds__(threads, 1)
 
         uint8_t* output = outputs + group * 2 * half_bytes;
         bool const leader = threadIdx.x % consumers == 0; /* issues the stores and waits for their reads */
-        auto store = [&](CUtensorMap const* map) {
+        auto store = [&](CUtensorMap const* map) { /* the leader then waits for the copy to read the tile */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the writes, seen by the store's copy */
             group_sync(group);
             if (!leader) return;
             store_box(map, output, column0, row0);
             if (column0 + 64 < args.n) store_box(map, output + half_bytes, column0 + 64, row0);
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         };
+        auto stored = [&] { if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); };
         if (has_aux)
             barrier_wait(&aux_full[group], (turn / 2) & 1); /* loaded after the last store read the tile */
         else
             group_sync(group); /* the leader has seen the last store read the tile */
-        if (epilogue == uform_hopper_gelu_k) { /* the sums before GELU, kept for the backward pass */
+        if (epilogue == uform_hopper_gelu_k) { /* the sums before GELU, kept for the backward pass; GELU's values
+                                                  are taken in registers while the copy reads them */
             finish<uform_hopper_plain_k>(upper, output, 0);
             finish<uform_hopper_plain_k>(lower, output, 64);
             store(&aux_map);
+#pragma unroll
+            for (int i = 0; i != 64; ++i) upper[i] = gelu(upper[i]), lower[i] = gelu(lower[i]);
+            stored();
             group_sync(group);
+            finish<uform_hopper_plain_k>(upper, output, 0);
+            finish<uform_hopper_plain_k>(lower, output, 64);
+        } else {
+            finish<epilogue>(upper, output, 0);
+            finish<epilogue>(lower, output, 64);
         }
-        finish<epilogue>(upper, output, 0);
-        finish<epilogue>(lower, output, 64);
         store(&d_map);
+        stored();
         if (leader && has_aux) barrier_arrive(&aux_empty[group]);
     }
     if (threadIdx.x % consumers == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
