@@ -393,6 +393,8 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
     assert "stopped by SIGTERM" in errors
     (stopped,) = steps_in(str(tmp_path / "runs" / "broken"))
     assert 5 <= stopped < steps
+    assert [(line["step"], line["stopped"]) for line in read_log(tmp_path / "runs" / "broken")
+            if "stopped" in line] == [(stopped, "SIGTERM")]
     assert os.listdir(tmp_path / "runs" / "broken" / "checkpoints") == [f"step-{stopped:09d}.safetensors"]
     checkpoint = glob.glob(str(tmp_path / "runs" / "broken" / "checkpoints" / "*.safetensors"))[0]
     with uform.Executor.for_ram(threads=1) as cpu, uform.Encoder.load(checkpoint, cpu):
@@ -460,6 +462,38 @@ def test_an_unreadable_newest_checkpoint_is_refused_naming_the_one_before_it(run
     assert cli.main(["train", config]) == 0
     assert steps_in(str(tmp_path / "runs" / "pairs")) == [9, 12]
     assert read_log(str(tmp_path / "runs" / "pairs"))[-1]["step"] == 12
+
+
+def test_a_refused_record_keeps_what_trained_before_it_and_the_mended_run_ends_where_an_unbroken_one_does(
+        run, tmp_path, capsys):
+    """Under `bad_records = "refuse"` a bad record stops the run, named, and the steps since the last checkpoint
+    are saved with the cursor before the record's batch: once it is mended the run resumes there and ends bit for
+    bit where a run over good data ends."""
+    refusing = {"[data]\n": '[data]\nbad_records = "refuse"\n',
+                '[evaluation]\npaths = ["held-out.jsonl"]\nevery_steps = 4': ""}
+    unbroken, broken = run("unbroken", every=100, **refusing), run("broken", every=100, **refusing)
+    assert cli.main(["train", unbroken]) == 0
+    data = tmp_path / "train.jsonl"
+    good = data.read_text()
+    data.write_text(good.replace('"answer": "2500, the square of 50"', '"answer": ""'))
+    capsys.readouterr()
+    assert cli.main(["train", broken]) == 1
+    error = capsys.readouterr().err
+    found = re.search(r"uform train: .*train.jsonl:50: 'answer' is empty; steps to (\d+) are saved in (\S+), from "
+                      r"which `uform train .*broken.toml` resumes once the record is mended or removed", error)
+    assert found, error
+    stopped = int(found.group(1))
+    assert 0 < stopped < 9 and steps_in(str(tmp_path / "runs" / "broken")) == [stopped]
+    assert found.group(2).endswith(f"step-{stopped:09d}.safetensors")
+    (refused,) = [line for line in read_log(tmp_path / "runs" / "broken") if "refused_record" in line]
+    assert refused["step"] == stopped and refused["refused_record"].startswith(f"{data}:50: 'answer' is empty")
+    data.write_text(good)
+    assert cli.main(["train", broken]) == 0
+    ends = [os.path.join(tmp_path, "runs", name, "checkpoints", f"step-{9:09d}.safetensors")
+            for name in ("unbroken", "broken")]
+    first, second = (safetensors.numpy.load_file(path) for path in ends)
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
 
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):

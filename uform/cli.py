@@ -791,9 +791,10 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
             if stopping:
                 break  # before the batch: the cursor saved is the one before it
             bad_before, ahead = bad, step + (flight is not None)  # the step this batch follows, if all apply
-            cursor = batch.cursor
+            after_batch = batch.cursor  # the cursor once this batch is taken: not before, in case it is refused
             began = time.perf_counter()
             deferred, batch, refused = _step(config, trainer, stream, batch, mesh, idle)
+            cursor = after_batch
             for message in batch.bad_records:
                 log.write(dict(step=ahead, bad_record=message))
             reasons = list(batch.bad_records)
@@ -821,6 +822,10 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                 evaluated_step = step
         if flight is not None:
             land()
+    except BadRecord as error:  # under bad_records = "refuse": what trained before the record is kept
+        if flight is not None:
+            land()
+        raise _refused(config, trainer, log, error, step, cursor, saved_step, mesh) from None
     except BaseException:
         if flight is not None:  # the step ahead trained: its line is logged before the error ends the run
             with contextlib.suppress(Exception):
@@ -885,9 +890,24 @@ def _step(config, trainer, stream, batch, mesh=None, idle=False):
                 batch = retried
                 continue
             if config.data.bad_records == "refuse":
-                raise InvalidArgument(f"{error} (in the batch of {', '.join(batch.locations)})") from None
+                raise BadRecord(f"{error} (in the batch of {', '.join(batch.locations)})") from None
             return None, batch, str(error)
     return None, batch, None
+
+
+def _refused(config, trainer, log, error, step, cursor, saved_step, mesh) -> BadRecord:
+    """The run's end when a record is refused: the steps since the last checkpoint are saved (the refused batch
+    did not train, and the cursor saved is the one before it), so once the record is mended or removed the
+    run resumes where it stopped. On a mesh of several processes the last checkpoint stands."""
+    saved_in = os.path.join(config.run.folder, "checkpoints")
+    alone = mesh is None or mesh.host_domain_count == 1
+    if alone and cursor is not None and step != saved_step:
+        save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
+    log.write(dict(step=step, refused_record=str(error)))
+    complete = checkpoints_in(saved_in)
+    then = (f"steps to {complete[-1][0]} are saved in {complete[-1][1]}, from which `uform train {config.path}` "
+            "resumes once the record is mended or removed" if complete else "nothing trained yet")
+    return BadRecord(f"{error}; {then}")
 
 
 def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad,
@@ -899,6 +919,7 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
         save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
     if stop.signal is not None:
         name = signal.Signals(stop.signal).name
+        log.write(dict(step=step, stopped=name))
         complete = checkpoints_in(saved_in)
         again = (f"`uform train {config.path} --host-domain-index I` on every process"
                  if mesh is not None and mesh.host_domain_count > 1 else f"`uform train {config.path}`")
