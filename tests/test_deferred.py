@@ -112,6 +112,31 @@ def test_wait_returns_the_result_and_done_tracks_it(slow):
     assert "done" in repr(second)
 
 
+def test_a_done_callback_runs_as_the_verb_lands_or_at_once_and_what_it_raises_is_logged(slow, caplog):
+    calls = []
+
+    def record(deferred):
+        calls.append((deferred.wait().stats.step, threading.current_thread() is threading.main_thread()))
+
+    answer = slow.deferred().step(slow_batch())
+    answer.add_done_callback(record)
+    assert answer.wait().stats.step == 2
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:  # the worker calls it just after the answer is set
+        time.sleep(0.001)
+    assert calls == [(2, False)]  # on the worker thread, where wait() returns at once
+    answer.add_done_callback(record)
+    assert calls == [(2, False), (2, True)]  # landed already: at once, here
+
+    def broken(_):
+        raise ValueError("the callback broke")
+
+    answer.add_done_callback(broken)
+    (logged,) = [record for record in caplog.records if record.name == "uform"]
+    assert logged.getMessage() == "a callback of the deferred step raised"
+    assert isinstance(logged.exc_info[1], ValueError)
+
+
 def test_wait_times_out_but_the_verb_still_runs(slow):
     answer = slow.deferred().step(slow_batch())
     with pytest.raises(TimeoutError):

@@ -808,7 +808,7 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
             if flight is not None:
                 land()  # the one ahead, now that this one is queued behind it
             ended = []  # when the worker finished it: a CPU runs a step whole as it begins, a GPU when it lands
-            deferred._future.add_done_callback(lambda _, ended=ended: ended.append((time.perf_counter(), time.time())))
+            deferred.add_done_callback(lambda _, ended=ended: ended.append((time.perf_counter(), time.time())))
             flight = (deferred, data_seconds, began, ended)
             after = step + 1  # every step before this one has landed: this one's number, if it applies
             if not (several or stop.signal is not None or after >= steps or saving(after) or evaluating(after)):

@@ -84,6 +84,19 @@ class Deferred:
         """True once the verb has returned or raised."""
         return self._future.done()
 
+    def add_done_callback(self, callback: Callable[["Deferred"], Any]) -> None:
+        """Calls `callback(deferred)` once the verb has landed: on the executor's worker thread as it lands,
+        or at once on this thread when it already has. There `wait()` returns at once, and deferred verbs may
+        be submitted; a blocking verb raises `Busy`. What the callback raises is logged (logger "uform")."""
+
+        def call(_: concurrent.futures.Future) -> None:
+            try:
+                callback(self)
+            except Exception:
+                logging.getLogger("uform").exception("a callback of the deferred %s raised", self._verb)
+
+        self._future.add_done_callback(call)
+
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Blocks until the verb lands, then returns its result or raises its error.
 
