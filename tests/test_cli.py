@@ -173,11 +173,17 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
         accumulator.Reload()
         assert [event.step for event in accumulator.Scalars("loss/loss")] == list(range(1, 10))
 
-    config = run(steps=12)
+    capsys.readouterr()
+    config = run(steps=12, **{"steps = 12": "steps = 12\nlearning_rate = 5e-4\nwarmup_steps = 0"})
     assert cli.main(["train", config]) == 0
     assert steps_in(folder) == [9, 12]
     started = [line for line in read_log(folder) if "started" in line]
     assert started[0]["resumed"] is None and started[1]["resumed"].endswith("step-000000009.safetensors")
+    # Said, as each field's change: the rate the user gave, the steps raised; a field left to the library is none.
+    assert started[1]["changed"] == {"trainer.schedule.learning_rate": [0.001, 0.0005],
+                                     "trainer.schedule.steps": [9, 12]}
+    assert re.search(r"uform: resuming .*step-000000009.safetensors with trainer.schedule.steps = 12 \(was 9\), "
+                     r"trainer.schedule.learning_rate = 0.0005 \(was 0.001\)\n", capsys.readouterr().err)
     assert cli.main(["train", config]) == 0
     assert "already took its 12 steps; raise trainer.schedule.steps above 12" in capsys.readouterr().out
     assert cli.main(["train", run(steps=5)]) == 0

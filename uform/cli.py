@@ -244,6 +244,34 @@ def load_config(path: str) -> TrainConfig:
 _CHECKPOINT = re.compile(r"step-(\d+)\.safetensors$")
 
 
+def resume_changes(checkpoint: str, trainer: Mapping[str, Any]) -> Dict[str, List[Any]]:
+    """The fields of the trainer's config that a resumed run changes: {"trainer.schedule.steps": [was, now]}.
+    A field left to the library (absent, or 0) keeps the checkpoint's and is no change; reals compare as float32,
+    as the library keeps them."""
+    metadata, _ = read_header(checkpoint, "trainer.resume")
+    try:
+        was = json.loads(metadata.get("config", "{}"))
+    except ValueError:
+        return {}  # the library refuses such a file itself
+    now = normalize(TrainerConfig, dict(trainer, resume=None), "trainer")
+    was_named, now_named = enum_names(TrainerConfig, was), enum_names(TrainerConfig, now)  # "joint", not 3
+    changed: Dict[str, List[Any]] = {}
+
+    def shown(value: Any) -> Any:
+        return float(np.format_float_positional(np.float32(value), trim="-")) if isinstance(value, float) else value
+
+    def walk(old: Mapping[str, Any], new: Mapping[str, Any], old_named: Mapping[str, Any],
+             new_named: Mapping[str, Any], path: str) -> None:
+        for name, value in new.items():
+            if isinstance(value, Mapping):
+                walk(old.get(name) or {}, value, old_named.get(name) or {}, new_named[name], f"{path}.{name}")
+            elif value not in (None, 0, [], "") and name in old and shown(value) != shown(old[name]):
+                changed[f"{path}.{name}"] = [shown(old_named[name]), shown(new_named[name])]
+
+    walk(was, now, was_named, now_named, "trainer")
+    return changed
+
+
 def cursor_path(checkpoint: str) -> str:
     """Where older versions wrote a checkpoint's cursor: `step-N.safetensors` had `step-N.cursor.json`."""
     return checkpoint[: -len(".safetensors")] + ".cursor.json"
@@ -745,7 +773,12 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                                                                  events=False)
     except OSError as error:  # a folder that exists but takes no files
         raise _unusable_folder(config.run.folder, error) from None
+    changed = resume_changes(resumed, config.trainer) if resumed else {}
+    if changed:  # allowed, as raising `steps` is; said, so that no change goes unnoticed
+        print(f"uform: resuming {resumed} with " + ", ".join(f"{name} = {now} (was {was})"
+                                                            for name, (was, now) in changed.items()), file=sys.stderr)
     log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed,
+                   **(dict(changed=changed) if changed else {}),
                    **(dict(host_domain=index, host_domains=mesh.host_domain_count) if mesh is not None else {})))
     if held_out and held_out.bad_records:
         log.write(dict(step=step, held_out_bad_records=held_out.bad_records))

@@ -125,7 +125,8 @@ static uform_status_t uform_encoder_decode(uform_encoder_s const* encoder, uform
                                     decoded, error);
     else if (strict)
         status = uform_fail(error, uform_status_invalid_argument_k,
-                            "contents.offsets[%zu]: changed while the encoder read them", first + bad + 1);
+                            "contents.offsets[%zu] or [%zu]: changed while the encoder read them (no longer rising "
+                            "within contents.size)", first + bad, first + bad + 1);
     free(offsets);
     return status;
 }
