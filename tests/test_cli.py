@@ -214,7 +214,8 @@ def test_info_describes_a_checkpoint(run, capsys):
     assert '"objective": "joint"' in printed and '"pair_loss": "sigmoid"' in printed
     given = {name: named[name] for name in ("depth", "hidden", "objective", "determinism", "contrastive", "late_interaction")}
     assert uform.config.normalize(uform.TrainerConfig, dict(given, schedule=dict(steps=1)), "config")["objective"] == 3
-    assert json.loads(described["note"]) == dict(step=3, cursor=described["cursor"])
+    written = json.loads(described["note"])
+    assert written == dict(step=3, cursor=described["cursor"], files=written["files"], data=os.path.dirname(config))
     assert described["tensors"]["text.embedding"]["shape"] == [260, 128]
     weights = safetensors.numpy.load_file(checkpoint)
     assert described["geometry"]["parameters"] == sum(t.size for name, t in weights.items() if not name.startswith("adamw."))
@@ -500,6 +501,31 @@ def test_a_refused_record_keeps_what_trained_before_it_and_the_mended_run_ends_w
     first, second = (safetensors.numpy.load_file(path) for path in ends)
     for name in first:
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+def test_a_run_whose_data_moved_resumes_over_the_same_files_where_they_are_now(run, tmp_path, capsys):
+    """Data copied to another folder or mount keeps each shard's path below their folder and its size: the run
+    resumes there, saying so, and ends where a run resumed in place ends. A file of another size is refused."""
+    for name in ("in-place", "moved"):
+        assert cli.main(["train", run(name, steps=4, every=100)]) == 0
+    assert cli.main(["train", run("in-place", every=100)]) == 0
+    (tmp_path / "elsewhere").mkdir()
+    os.rename(tmp_path / "train.jsonl", tmp_path / "elsewhere" / "train.jsonl")
+    elsewhere = {'paths = ["train.jsonl"]': 'paths = ["elsewhere/train.jsonl"]'}
+    capsys.readouterr()
+    assert cli.main(["train", run("moved", every=100, **elsewhere)]) == 0
+    assert (f"uform: data.paths: the shard read from {tmp_path} is in {tmp_path / 'elsewhere'} now, of the same "
+            "size; the stream resumes there") in capsys.readouterr().err
+    ends = [os.path.join(tmp_path, "runs", name, "checkpoints", f"step-{9:09d}.safetensors") for name in ("in-place", "moved")]
+    first, second = (safetensors.numpy.load_file(path) for path in ends)
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+    assert cli.main(["train", run("grown", steps=4, every=100, **elsewhere)]) == 0
+    os.rename(tmp_path / "elsewhere" / "train.jsonl", tmp_path / "train.jsonl")
+    write_pairs(tmp_path / "train.jsonl", range(61))  # one record more: not the file the run read
+    assert cli.main(["train", run("grown", every=100)]) == 1
+    assert "data.paths: the stream being resumed read shards of digest" in capsys.readouterr().err
 
 
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):

@@ -295,12 +295,30 @@ def shards_digest(shards: Sequence[str]) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(list(shards)).encode()).hexdigest()
 
 
+def shard_files(shards: Sequence[str]) -> Tuple[str, str]:
+    """(the folder the shards share, a digest of each one's path below it and its size): what stays when the
+    data moves to another folder or mount, so a run can resume over the same files there. A shard that is a
+    folder counts its entries as its size."""
+    if not shards:
+        return "", ""
+    common = os.path.commonpath([os.path.dirname(os.path.abspath(path)) for path in shards])
+    files = []
+    for path in shards:
+        try:
+            size = len(os.listdir(path)) if os.path.isdir(path) else os.path.getsize(path)
+        except OSError:
+            size = None
+        files.append([os.path.relpath(os.path.abspath(path), common), size])
+    return common, "sha256:" + hashlib.sha256(json.dumps(files).encode()).hexdigest()
+
+
 def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict[str, Any], keep: int) -> str:
     """Saves the checkpoint with the step and the stream's cursor in its note, then deletes all but the
     newest `keep`."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"step-{step:09d}.safetensors")
-    written = dict(step=step, cursor=dict(cursor, shards=shards_digest(cursor["shards"])))
+    common, files = shard_files(cursor["shards"])
+    written = dict(step=step, cursor=dict(cursor, shards=shards_digest(cursor["shards"])), files=files, data=common)
     trainer.save(path, note=json.dumps(written))
     for _, old in checkpoints_in(folder)[:-keep]:
         os.remove(old)
@@ -311,12 +329,15 @@ def save_checkpoint(trainer: uform.Trainer, folder: str, step: int, cursor: Dict
 
 def written_cursor(written: Any) -> Optional[Dict[str, Any]]:
     """The cursor of `written`, a note's JSON, where it has exactly the shape `save_checkpoint` writes
-    (`{"step": N, "cursor": {...}}`, every key of a stream's cursor and no other); None for anything else:
-    a note of someone else's is its own text, whatever its JSON holds."""
+    (`{"step": N, "cursor": {...}}`, every key of a stream's cursor and no other, and since this version where
+    the shards were, `files` and `data`); None for anything else: a note of someone else's is its own text,
+    whatever its JSON holds."""
     def count(value):
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
-    if not isinstance(written, dict) or set(written) != {"step", "cursor"} or not count(written["step"]):
+    if not isinstance(written, dict) or set(written) not in ({"step", "cursor"}, {"step", "cursor", "files", "data"}):
+        return None
+    if not count(written["step"]) or not all(isinstance(written.get(name, ""), str) for name in ("files", "data")):
         return None
     cursor = written["cursor"]
     if not isinstance(cursor, dict) or set(cursor) != set(CURSOR_KEYS):
@@ -626,6 +647,17 @@ def _train(config_path: str, index: int) -> int:
         listed = [path for path, _ in list_shards(config.data)]
         if cursor.get("shards") == shards_digest(listed):  # the stream checks the list itself
             cursor["shards"] = listed
+        else:  # the same files, moved to another folder or mount, resume there
+            written = None
+            common, files = shard_files(listed)
+            with contextlib.suppress(ValueError):  # an older version's cursor beside a note of another kind
+                written = json.loads(note or "{}")
+            if files and isinstance(written, dict) and written.get("files") == files:
+                these = "the shard" if len(listed) == 1 else f"the {len(listed)} shards"
+                print(f"uform: data.paths: {these} read from {written.get('data')} {'is' if len(listed) == 1 else 'are'} "
+                      f"in {common} now, of the same size{'s' if len(listed) != 1 else ''}; the stream resumes there",
+                      file=sys.stderr)
+                cursor["shards"] = listed
         trainer_config["resume"] = latest
     elif trainer_config.get("resume"):
         if not os.path.isfile(trainer_config["resume"]):
