@@ -240,6 +240,25 @@ def test_bad_records_are_refused_when_asked_naming_the_first(tmp_path):
                 next(stream)
 
 
+def test_a_refused_record_stops_the_stream_at_its_own_batch_not_before(tmp_path):
+    """Every batch before the refused record's comes out first: a step is handed out once its last batch is
+    packed, before the next batch is read on. (A batch ends when a record does not fit it, so one refused as
+    it would begin the next batch stops the run before the batch it would have closed.)"""
+    rows = pairs(40)
+    with Stream(dict(paths=[write_jsonl(tmp_path / "good.jsonl", rows)], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
+        good = take(stream, 3)
+    second_of_third = int(good[2].locations[1].rsplit(":", 1)[1])
+    rows[second_of_third] = dict(rows[second_of_third], answer="")
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with Stream(dict(paths=[path], columns=PAIRS, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:
+        before = take(stream, 2)
+        assert locations(before) == [[location.replace("good", "bad") for location in step.locations]
+                                     for step in good[:2]]
+        assert before[1].cursor == dict(good[1].cursor, shards=[path])
+        with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:{second_of_third}: 'answer' is empty"):
+            next(stream)
+
+
 def test_a_shard_that_breaks_off_ends_with_a_bad_record_saying_where(tmp_path):
     whole = write_tar(tmp_path / "whole.tar", [(f"k{i}", dict(jpg=JPEG, txt=f"caption {i}".encode())) for i in range(10)])
     with tarfile.open(whole) as archive:

@@ -208,7 +208,7 @@ class Stream:
                 differ = (f"{len(then)} shards, now {len(now)}, the first difference at shard {at}: "
                           f"{then[at] if at < len(then) else None!r} then, {now[at] if at < len(now) else None!r} now")
             else:
-                differ = f"shards of digest {then!r}, now {len(now)} others"
+                differ = f"shards of digest {then!r}, now {len(now)} other{'s' if len(now) != 1 else ''}"
             raise InvalidArgument(f"data.paths: the stream being resumed read {differ}; the same sequence needs the "
                                   "same shards")
         for name in _CURSOR_FIELDS:
@@ -258,15 +258,15 @@ class Stream:
                 yield position, number, (f"{path}:{key}", values, folder)
 
     def _device_batches(self) -> Iterator[Tuple[Tuple[int, int, int, int], List[Group], List[str]]]:
-        """Groups packed into device batches, each with the position of its first record and the bad
-        records met before the next batch's first."""
-        capacity, groups, start, bad = self.capacity, [], None, []
+        """Groups packed into device batches, each with the bad records met before the next batch's first and
+        where that next batch begins: the position of the record that did not fit, or the next epoch's first."""
+        capacity, groups, bad = self.capacity, [], []
         unusable = UnusableEpochs([path for path, _ in self.shards], self.start)
         packed, bad_in_epoch, reasons = False, 0, []  # since the epoch began
         for position, record in self._positioned():
             if record is None:  # an epoch ends its last batch, which so never holds a record twice
                 if groups:
-                    yield start, groups, bad
+                    yield groups, bad, position
                     bad = []
                 groups = []
                 epoch, shard, offset, skip = position
@@ -284,14 +284,14 @@ class Stream:
                     groups.append(group)
                     continue
                 if groups:
-                    yield start, groups, bad
+                    yield groups, bad, position
                     bad = []
                 capacity.clear()
                 if not capacity.add(group, lengths):
                     raise BadRecord(f"{location}: its {len(lengths)} items do not fit one device's step "
                                     f"({capacity.rows} rows of {capacity.columns} columns, {capacity.segments} segments, "
                                     f"{capacity.edges} edges)")
-                groups, start, packed = [group], position, True
+                groups, packed = [group], True
             except BadRecord as error:
                 self._bad(error, bad)
                 bad_in_epoch += 1
@@ -307,23 +307,24 @@ class Stream:
     def _steps(self) -> Iterator[StepBatch]:
         """This process's device batch of each step, assembled, with the cursor after the step.
 
-        A step is done once the next step's first device batch begins: its start is the cursor.
+        A step is done with its last device batch: the cursor is where the next batch begins, known then, so a
+        record refused after it (under "refuse") stops the run after this step, not before.
         """
         step_bad: List[str] = []
         own: Optional[List[Group]] = None
         first = self.start["batch"]
         unusable = UnusableEpochs([path for path, _ in self.shards], self.start)
-        for number, (start, groups, bad) in enumerate(self._device_batches()):
-            if number and number % self.count == 0:
-                epoch, shard, offset, skip = start
-                cursor = dict(self.start, epoch=epoch, shard=shard, offset=offset, skip=skip, batch=first + number)
+        for number, (groups, bad, following) in enumerate(self._device_batches()):
+            step_bad += bad
+            if number % self.count == self.index:
+                own = groups
+            if (number + 1) % self.count == 0:
+                epoch, shard, offset, skip = following
+                cursor = dict(self.start, epoch=epoch, shard=shard, offset=offset, skip=skip, batch=first + number + 1)
                 step = self._decoded(self._assemble(own or [], cursor, step_bad))
                 unusable.note(cursor, step.batch is not None or not own, len(step.bad_records), step.bad_records)
                 yield step
                 step_bad, own = [], None
-            step_bad += bad
-            if number % self.count == self.index:
-                own = groups
 
     def _assemble(self, groups: List[Group], cursor: Dict[str, Any], bad: List[str]) -> StepBatch:
         loaded = []
