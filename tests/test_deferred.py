@@ -132,9 +132,13 @@ def test_a_done_callback_runs_as_the_verb_lands_or_at_once_and_what_it_raises_is
         raise ValueError("the callback broke")
 
     answer.add_done_callback(broken)
-    (logged,) = [record for record in caplog.records if record.name == "uform"]
-    assert logged.getMessage() == "a callback of the deferred step raised"
-    assert isinstance(logged.exc_info[1], ValueError)
+    answer.add_done_callback(lambda _: sys.exit(3))  # on the worker, it would end the thread every verb needs
+    later = slow.deferred().step(slow_batch())
+    later.add_done_callback(lambda _: sys.exit(3))
+    assert later.wait().stats.step == 3 and slow.deferred().step(slow_batch()).wait(timeout=30).stats.step == 4
+    logged = [record for record in caplog.records if record.name == "uform"]
+    assert [record.getMessage() for record in logged] == ["a callback of the deferred step raised"] * 3
+    assert [type(record.exc_info[1]) for record in logged] == [ValueError, SystemExit, SystemExit]
 
 
 def test_wait_times_out_but_the_verb_still_runs(slow):

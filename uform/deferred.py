@@ -92,7 +92,7 @@ class Deferred:
         def call(_: concurrent.futures.Future) -> None:
             try:
                 callback(self)
-            except Exception:
+            except BaseException:  # SystemExit or KeyboardInterrupt too: the worker must live on
                 logging.getLogger("uform").exception("a callback of the deferred %s raised", self._verb)
 
         self._future.add_done_callback(call)
