@@ -174,7 +174,8 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
         assert [event.step for event in accumulator.Scalars("loss/loss")] == list(range(1, 10))
 
     capsys.readouterr()
-    config = run(steps=12, **{"steps = 12": "steps = 12\nlearning_rate = 5e-4\nwarmup_steps = 0"})
+    config = run(steps=12, **{"steps = 12": "steps = 12\nlearning_rate = 5e-4\nwarmup_steps = 0",
+                              "[data]": "[trainer.contrastive]\nmatryoshka_dimensions = [128]\n\n[data]"})
     assert cli.main(["train", config]) == 0
     assert steps_in(folder) == [9, 12]
     started = [line for line in read_log(folder) if "started" in line]
@@ -307,7 +308,8 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     assert capsys.readouterr().err == (f"uform embed: --column: {source}'s first record has no column 'answr' "
                                        "(it has 'question', 'answer')\n")
     assert not os.path.exists(tmp_path / "out.npy")
-    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answer", "--chunk", "5"]) == 0
+    on_cpu = ["--device", "cpu"]  # compared bit for bit with the CPU's encoder below
+    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answer", "--chunk", "5"] + on_cpu) == 0
     vectors = np.load(tmp_path / "out.npy")
     answers = [json.loads(line)["answer"] for line in open(source)]
     with uform.Executor.for_ram(threads=1) as cpu, uform.Encoder.load(checkpoint, cpu) as encoder:
@@ -315,7 +317,8 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     assert vectors.shape == (12, 128) and vectors.dtype == np.float32
     np.testing.assert_array_equal(vectors, expected)
     pyarrow = pytest.importorskip("pyarrow.parquet")
-    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.parquet"), "--column", "answer", "--scalar", "f16"]) == 0
+    assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.parquet"), "--column", "answer", "--scalar", "f16"]
+                    + on_cpu) == 0
     table = pyarrow.read_table(tmp_path / "out.parquet")
     assert table.column("location").to_pylist() == [f"{source}:{i}" for i in range(12)]
     halves = np.array(table.column("embedding").to_pylist(), np.float16)
@@ -487,7 +490,8 @@ def test_a_refused_record_keeps_what_trained_before_it_and_the_mended_run_ends_w
     assert cli.main(["train", broken]) == 1
     error = capsys.readouterr().err
     found = re.search(r"uform train: .*train.jsonl:50: 'answer' is empty; steps to (\d+) are saved in (\S+), from "
-                      r"which `uform train .*broken.toml` resumes once the record is mended or removed", error)
+                      r"which `uform train .*broken.toml` resumes once the record is mended in place \(deleting its line would "
+                      r"shift the records after it\), or with data.bad_records = \"skip\" to leave it out", error)
     assert found, error
     stopped = int(found.group(1))
     assert 0 < stopped < 9 and steps_in(str(tmp_path / "runs" / "broken")) == [stopped]
@@ -525,7 +529,8 @@ def test_a_run_whose_data_moved_resumes_over_the_same_files_where_they_are_now(r
     os.rename(tmp_path / "elsewhere" / "train.jsonl", tmp_path / "train.jsonl")
     write_pairs(tmp_path / "train.jsonl", range(61))  # one record more: not the file the run read
     assert cli.main(["train", run("grown", every=100)]) == 1
-    assert "data.paths: the stream being resumed read shards of digest" in capsys.readouterr().err
+    assert (f"uform train: data.paths: the shard listed now (below {tmp_path}) is not the files step 4 was read from "
+            f"(below {tmp_path / 'elsewhere'}): a run resumes over the same files") in capsys.readouterr().err
 
 
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):
@@ -539,8 +544,8 @@ def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(r
     assert len(json.dumps([str(tmp_path / "train.jsonl")] * 20000)) > 2**20
     capsys.readouterr()
     assert cli.main(["train", run(steps=9)]) == 1  # the same run over other shards
-    assert f"data.paths: the stream being resumed read shards of digest '{cursor['shards']}', now 1 others" in \
-        capsys.readouterr().err
+    assert (f"data.paths: the shard listed now (below {tmp_path}) is not the files step 6 was read from "
+            f"(below {tmp_path}): a run resumes over the same files") in capsys.readouterr().err
 
 
 def test_the_tutorials_config_is_one_uform_train_reads(tmp_path):
@@ -702,7 +707,7 @@ def test_options_and_run_fields_are_named_as_the_user_gave_them(run, tmp_path, c
             depth=1, hidden=128, objective="joint", schedule=dict(steps=1), batch=dict(max_columns_per_row=64))) as trainer:
         trainer.save(checkpoint)
     source, output = str(tmp_path / "held-out.jsonl"), str(tmp_path / "out.npy")
-    embedding = ["embed", checkpoint, source, output, "--column", "question"]
+    embedding = ["embed", checkpoint, source, output, "--column", "question", "--device", "cpu"]  # CPU threads
     cases = [(["--threads", "5000"], r"^uform embed: --threads: 5000 is over 1024$"),
              (["--format", "parquet"], rf"^uform embed: INPUT: {re.escape(source)}: no Parquet file \(.*\)$"),
              (["--chunk", "0"], r"^uform embed: --chunk: 0 is not a positive integer \(the items embedded per call\)$"),
@@ -716,7 +721,7 @@ def test_options_and_run_fields_are_named_as_the_user_gave_them(run, tmp_path, c
     assert cli.main(embedding + ["--chunk", "5"]) == 0  # 12 records: two whole chunks and a part
     assert np.load(output).shape == (12, 128)
 
-    assert cli.main(["train", run("threads", **{"threads = 1": "threads = 5000"})]) == 1
+    assert cli.main(["train", run("threads", **{"threads = 1": "threads = 5000\ndevice = \"cpu\""})]) == 1
     assert capsys.readouterr().err == "uform train: run.threads: 5000 is over 1024\n"
     (tmp_path / "a-file").write_text("")
     under_a_file = str(tmp_path / "a-file" / "run")
@@ -1024,7 +1029,7 @@ def test_train_keeps_a_step_in_flight_between_checkpoints_and_evaluations(run, m
     seconds = [line["step_seconds"] for line in read_log(os.path.join(os.path.dirname(config), "runs", "pairs"))
                if "loss" in line]
     middle = sorted(seconds)[len(seconds) // 2]
-    assert len(seconds) == 12 and all(middle / 10 < s < middle * 10 for s in seconds), seconds
+    assert len(seconds) == 12 and all(middle / 10 < s < middle * 10 for s in seconds[1:]), seconds  # 1: a GPU plans
 
 
 def test_a_run_of_no_steps_is_refused_by_name(run, tmp_path, capsys):

@@ -245,9 +245,9 @@ _CHECKPOINT = re.compile(r"step-(\d+)\.safetensors$")
 
 
 def resume_changes(checkpoint: str, trainer: Mapping[str, Any]) -> Dict[str, List[Any]]:
-    """The fields of the trainer's config that a resumed run changes: {"trainer.schedule.steps": [was, now]}.
-    A field left to the library (absent, or 0) keeps the checkpoint's and is no change; reals compare as float32,
-    as the library keeps them."""
+    """The fields the config gives that differ from the checkpoint's: {"trainer.schedule.steps": [was, now]}.
+    A field left to the library (absent, or 0) is derived again from this config, not read from the checkpoint,
+    and is not compared here; reals compare as float32, as the library keeps them."""
     metadata, _ = read_header(checkpoint, "trainer.resume")
     try:
         was = json.loads(metadata.get("config", "{}"))
@@ -258,6 +258,8 @@ def resume_changes(checkpoint: str, trainer: Mapping[str, Any]) -> Dict[str, Lis
     changed: Dict[str, List[Any]] = {}
 
     def shown(value: Any) -> Any:
+        if isinstance(value, (list, tuple, np.ndarray)):  # matryoshka_dimensions
+            return [shown(entry) for entry in np.asarray(value).tolist()]
         return float(np.format_float_positional(np.float32(value), trim="-")) if isinstance(value, float) else value
 
     def walk(old: Mapping[str, Any], new: Mapping[str, Any], old_named: Mapping[str, Any],
@@ -265,7 +267,7 @@ def resume_changes(checkpoint: str, trainer: Mapping[str, Any]) -> Dict[str, Lis
         for name, value in new.items():
             if isinstance(value, Mapping):
                 walk(old.get(name) or {}, value, old_named.get(name) or {}, new_named[name], f"{path}.{name}")
-            elif value not in (None, 0, [], "") and name in old and shown(value) != shown(old[name]):
+            elif shown(value) not in (None, 0, [], "") and name in old and shown(value) != shown(old[name]):
                 changed[f"{path}.{name}"] = [shown(old_named[name]), shown(new_named[name])]
 
     walk(was, now, was_named, now_named, "trainer")
@@ -652,7 +654,16 @@ def _train(config_path: str, index: int) -> int:
             common, files = shard_files(listed)
             with contextlib.suppress(ValueError):  # an older version's cursor beside a note of another kind
                 written = json.loads(note or "{}")
-            if files and isinstance(written, dict) and written.get("files") == files:
+            if not (files and isinstance(written, dict) and written.get("files")):
+                pass  # an older version's note: the stream names what differs as it can
+            elif written.get("files") != files:
+                raise InvalidArgument(
+                    f"data.paths: {'the shard' if len(listed) == 1 else f'the {len(listed)} shards'} listed now (below "
+                    f"{common}) {'is' if len(listed) == 1 else 'are'} not the files step {step} was read from (below "
+                    f"{written.get('data')}): a run resumes over the "
+                    "same files, by name below their folder, size and order, moved or not; to train on other data, "
+                    f"start a new run from {latest} with [trainer] resume, whose data starts over")
+            else:
                 these = "the shard" if len(listed) == 1 else f"the {len(listed)} shards"
                 print(f"uform: data.paths: {these} read from {written.get('data')} {'is' if len(listed) == 1 else 'are'} "
                       f"in {common} now, of the same size{'s' if len(listed) != 1 else ''}; the stream resumes there",
@@ -970,8 +981,10 @@ def _refused(config, trainer, log, error, step, cursor, saved_step, mesh) -> Bad
         save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
     log.write(dict(step=step, refused_record=str(error)))
     complete = checkpoints_in(saved_in)
+    mend = ("once the record is mended in place (deleting its line would shift the records after it), or with "
+            "data.bad_records = \"skip\" to leave it out")
     then = (f"steps to {complete[-1][0]} are saved in {complete[-1][1]}, from which `uform train {config.path}` "
-            "resumes once the record is mended or removed" if complete else "nothing trained yet")
+            f"resumes {mend}" if complete else f"nothing trained yet; `uform train {config.path}` starts over {mend}")
     return BadRecord(f"{error}; {then}")
 
 
