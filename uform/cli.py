@@ -654,16 +654,15 @@ def _train(config_path: str, index: int) -> int:
             common, files = shard_files(listed)
             with contextlib.suppress(ValueError):  # an older version's cursor beside a note of another kind
                 written = json.loads(note or "{}")
-            if not (files and isinstance(written, dict) and written.get("files")):
-                pass  # an older version's note: the stream names what differs as it can
-            elif written.get("files") != files:
+            kept = written.get("files") if isinstance(written, dict) else None  # none: the stream names what differs
+            if files and kept and kept != files:
                 raise InvalidArgument(
                     f"data.paths: {'the shard' if len(listed) == 1 else f'the {len(listed)} shards'} listed now (below "
                     f"{common}) {'is' if len(listed) == 1 else 'are'} not the files step {step} was read from (below "
                     f"{written.get('data')}): a run resumes over the "
                     "same files, by name below their folder, size and order, moved or not; to train on other data, "
                     f"start a new run from {latest} with [trainer] resume, whose data starts over")
-            else:
+            if files and kept:
                 these = "the shard" if len(listed) == 1 else f"the {len(listed)} shards"
                 print(f"uform: data.paths: {these} read from {written.get('data')} {'is' if len(listed) == 1 else 'are'} "
                       f"in {common} now, of the same size{'s' if len(listed) != 1 else ''}; the stream resumes there",

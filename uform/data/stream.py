@@ -257,7 +257,7 @@ class Stream:
             for number, (key, values) in enumerate(READERS[layout](path, first, self.texts), first):
                 yield position, number, (f"{path}:{key}", values, folder)
 
-    def _device_batches(self) -> Iterator[Tuple[Tuple[int, int, int, int], List[Group], List[str]]]:
+    def _device_batches(self) -> Iterator[Tuple[List[Group], List[str], Tuple[int, int, int, int]]]:
         """Groups packed into device batches, each with the bad records met before the next batch's first and
         where that next batch begins: the position of the record that did not fit, or the next epoch's first."""
         capacity, groups, bad = self.capacity, [], []
