@@ -418,6 +418,38 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
 
+def test_a_signal_during_the_last_step_leaves_the_final_evaluation_to_the_rerun(run, tmp_path, monkeypatch, capsys):
+    """A signal while the last step trains stops the run after it, before the final evaluation, saying so; the
+    same command then makes that evaluation, training nothing, and only the one after it finds the run done."""
+    begun_step, begun = uform.Trainer._begun_step, []
+
+    def signalled_at_the_last(trainer, batch):
+        begun.append(batch)
+        if len(begun) == 9:
+            os.kill(os.getpid(), signal.SIGTERM)  # as the last step begins: the run stops once it lands
+        return begun_step(trainer, batch)
+
+    monkeypatch.setattr(uform.Trainer, "_begun_step", signalled_at_the_last)
+    config, folder = run(), str(tmp_path / "runs" / "pairs")
+    assert cli.main(["train", config]) == 128 + signal.SIGTERM
+    newest = os.path.join(folder, "checkpoints", "step-000000009.safetensors")
+    assert (f"uform: stopped by SIGTERM at step 9, the last, before its final evaluation; `uform train {config}` "
+            f"evaluates it from {newest}\n") in capsys.readouterr().err
+    assert [line["step"] for line in read_log(folder) if "evaluation" in line] == [4, 8]
+    monkeypatch.undo()
+
+    assert cli.main(["train", config]) == 0
+    err = capsys.readouterr().err
+    assert f"uform: {folder} is at step 9, done training, but its log holds no evaluation of that step" in err
+    assert "uform: step 9: question->answer recall@1" in err
+    log = read_log(folder)
+    assert [line["step"] for line in log if "evaluation" in line] == [4, 8, 9]
+    assert [line["step"] for line in log if "loss" in line] == list(range(1, 10))  # nothing trained again
+    assert steps_in(folder) == [6, 9]
+    assert cli.main(["train", config]) == 0
+    assert "already took its 9 steps" in capsys.readouterr().out
+
+
 def test_a_checkpoint_without_a_cursor_is_refused_and_an_older_versions_cursor_beside_it_read(run, tmp_path, capsys):
     """Before checkpoints carried notes, the cursor lay beside each in `step-N.cursor.json`: such a run
     folder still resumes exactly. A checkpoint with neither cursor is refused, named, not resumed with

@@ -673,7 +673,11 @@ def _train(config_path: str, index: int) -> int:
         if not os.path.isfile(trainer_config["resume"]):
             raise InvalidArgument(f"trainer.resume: {trainer_config['resume']}: no such file")
         step = checkpoint_step(trainer_config["resume"], "trainer.resume")  # another run's weights: the data starts over
-    if step >= steps:
+    if step >= steps and complete and config.evaluation is not None and step not in evaluated_steps(folder):
+        # A signal during the last step stops the run before its final evaluation: this run makes it, training nothing.
+        print(f"uform: {folder} is at step {step}, done training, but its log holds no evaluation of that step (the "
+              "run stopped before it); evaluating it now", file=sys.stderr)
+    elif step >= steps:
         source = folder if complete else f"trainer.resume {trainer_config['resume']}"
         done = (f"already took its {steps} steps" if step == steps
                 else f"is at step {step}, past the {steps} steps its config asks for")
@@ -706,6 +710,24 @@ def _train(config_path: str, index: int) -> int:
         return 128 + stop.signal
     finally:
         stop.restore()
+
+
+def evaluated_steps(folder: str) -> set:
+    """The steps the run's `log.jsonl` in `folder` holds an evaluation of; none where there is no log. A line cut
+    short by a hard kill is passed over."""
+    found = set()
+    try:
+        with open(os.path.join(folder, "log.jsonl"), encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if '"evaluation": ' not in line:  # most lines are steps: not parsed
+                    continue
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and "evaluation" in record:
+                        found.add(record.get("step"))
+    except FileNotFoundError:
+        pass
+    return found
 
 
 def _made(folder: str) -> None:
@@ -1000,11 +1022,14 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
         complete = checkpoints_in(saved_in)
         again = (f"`uform train {config.path} --host-domain-index I` on every process"
                  if mesh is not None and mesh.host_domain_count > 1 else f"`uform train {config.path}`")
+        last = held_out is not None and evaluated_step != step and step >= config.trainer["schedule"]["steps"]
+        verb = "evaluates it" if last else "resumes"
         if index and cursor is not None:  # host domain 0 saves this step, perhaps still
-            then = f"host domain 0 saves step {step} in {saved_in}, from which {again} resumes"
+            then = f"host domain 0 saves step {step} in {saved_in}, from which {again} {verb}"
         else:
-            then = (f"{again} resumes from {complete[-1][1]}" if complete else f"nothing saved yet; {again} starts over")
-        print(f"uform: stopped by {name} at step {step}; {then}", file=sys.stderr)
+            then = (f"{again} {verb} from {complete[-1][1]}" if complete else f"nothing saved yet; {again} starts over")
+        at = f"at step {step}, the last, before its final evaluation" if last else f"at step {step}"
+        print(f"uform: stopped by {name} {at}; {then}", file=sys.stderr)
         return 128 + stop.signal
     if held_out and evaluated_step != step:
         _evaluate(trainer, executor, config, held_out, log, step, mesh)
