@@ -771,6 +771,30 @@ def test_options_and_run_fields_are_named_as_the_user_gave_them(run, tmp_path, c
     assert capsys.readouterr().err == f"uform train: run.folder: {tmp_path / 'runs' / 'locked'}: Operation not permitted\n"
 
 
+def test_threads_on_a_gpu_are_said_to_apply_to_the_cpu_only(monkeypatch, capsys):
+    """A GPU is simulated: the executor answered stands for one, and no trainer is built on it."""
+    gpu = object()
+    monkeypatch.setattr(uform, "capabilities", lambda: {"ram", "vram"})
+    monkeypatch.setattr(uform.Executor, "for_vram", lambda *args: gpu)
+    for device in ("auto", "gpu"):
+        assert cli.open_executor(device, 2) == (gpu, uform.Trainer.init_vram)
+        assert capsys.readouterr().err == "uform: run.threads: 2 applies to the CPU only; this run uses the GPU, so it " \
+                                          "is ignored\n"
+    assert cli.open_executor("auto", None) == (gpu, uform.Trainer.init_vram)
+    assert cli.open_executor("auto", 2, ("--device", "--threads"))[0] is gpu
+    assert capsys.readouterr().err == "uform: --threads: 2 applies to the CPU only; this run uses the GPU, so it is ignored\n"
+
+    def no_gpu(*args):
+        raise uform.Unsupported("no GPU here")
+
+    monkeypatch.setattr(uform.Executor, "for_vram", no_gpu)  # "auto" then takes the CPU, with its threads
+    for device in ("auto", "cpu"):
+        executor, init = cli.open_executor(device, 2)
+        with executor:
+            assert executor.kind == "ram" and init == uform.Trainer.init_ram
+    assert capsys.readouterr().err == ""
+
+
 def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monkeypatch, capsys):
     loaded = cli.load_config
 

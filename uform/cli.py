@@ -83,7 +83,8 @@ class Run:
     folder: Optional[str] = _field(_text, "Checkpoints and logs; absent: runs/NAME beside the config NAME.toml.",
                                    default=None)
     device: str = _field(_text, "auto (a GPU when there is one), gpu or cpu.", default="auto")
-    threads: Optional[int] = _field(_count, "CPU threads; 0 or absent: every core.", default=None)
+    threads: Optional[int] = _field(_count, "CPU threads; 0 or absent: every core. A GPU run ignores it, saying so.",
+                                    default=None)
 
 
 @dataclass
@@ -523,10 +524,15 @@ def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = 
     if device != "cpu":
         if "vram" in uform.capabilities():
             try:
-                return uform.Executor.for_vram(), uform.Trainer.init_vram
+                executor = uform.Executor.for_vram()
             except Unsupported:
                 if device == "gpu":
                     raise
+            else:
+                if threads is not None:  # said, not refused: the same config runs on a machine without a GPU too
+                    print(f"uform: {names[1]}: {threads} applies to the CPU only; this run uses the GPU, so it is "
+                          "ignored", file=sys.stderr)
+                return executor, uform.Trainer.init_vram
         elif device == "gpu":
             raise Unsupported(f"{names[0]}: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
     try:
@@ -1312,7 +1318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     embedding.add_argument("--scalar", default="f32", choices=[s.value for s in uform.Scalar],
                            help="f32, f16, bf16 (stored as its uint16 bits) or i8 (round(127 x))")
     embedding.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    embedding.add_argument("--threads", type=int, help="CPU threads; 0 or absent: every core")
+    embedding.add_argument("--threads", type=int,
+                           help="CPU threads; 0 or absent: every core (ignored on a GPU, saying so)")
     embedding.add_argument("--chunk", type=int, default=256, help="items embedded per call")
     described = commands.add_parser("info", help="a checkpoint's geometry, step, config and tensor sizes")
     described.add_argument("checkpoint")
