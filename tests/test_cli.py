@@ -320,7 +320,7 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.parquet"), "--column", "answer", "--scalar", "f16"]
                     + on_cpu) == 0
     table = pyarrow.read_table(tmp_path / "out.parquet")
-    assert table.column("location").to_pylist() == [f"{source}:{i}" for i in range(12)]
+    assert table.column("location").to_pylist() == [f"{source}:line {i + 1}" for i in range(12)]
     halves = np.array(table.column("embedding").to_pylist(), np.float16)
     np.testing.assert_allclose(halves, expected, atol=1e-3)
 
@@ -521,7 +521,7 @@ def test_a_refused_record_keeps_what_trained_before_it_and_the_mended_run_ends_w
     capsys.readouterr()
     assert cli.main(["train", broken]) == 1
     error = capsys.readouterr().err
-    found = re.search(r"uform train: .*train.jsonl:50: 'answer' is empty; steps to (\d+) are saved in (\S+), from "
+    found = re.search(r"uform train: .*train.jsonl:line 51: 'answer' is empty; steps to (\d+) are saved in (\S+), from "
                       r"which `uform train .*broken.toml` resumes once the record is mended in place \(deleting its line would "
                       r"shift the records after it\), or with data.bad_records = \"skip\" to leave it out", error)
     assert found, error
@@ -529,7 +529,7 @@ def test_a_refused_record_keeps_what_trained_before_it_and_the_mended_run_ends_w
     assert 0 < stopped < 9 and steps_in(str(tmp_path / "runs" / "broken")) == [stopped]
     assert found.group(2).endswith(f"step-{stopped:09d}.safetensors")
     (refused,) = [line for line in read_log(tmp_path / "runs" / "broken") if "refused_record" in line]
-    assert refused["step"] == stopped and refused["refused_record"].startswith(f"{data}:50: 'answer' is empty")
+    assert refused["step"] == stopped and refused["refused_record"].startswith(f"{data}:line 51: 'answer' is empty")
     data.write_text(good)
     assert cli.main(["train", broken]) == 0
     ends = [os.path.join(tmp_path, "runs", name, "checkpoints", f"step-{9:09d}.safetensors")
@@ -689,7 +689,7 @@ def test_a_dataset_whose_every_record_is_bad_stops_with_the_reasons(run, tmp_pat
     assert time.monotonic() - started < 20
     error = capsys.readouterr().err
     assert re.search(r"data.paths: a whole epoch of .*train.jsonl made no usable batch: 60 bad records; the first: "
-                     r".*train.jsonl:\d+: 'answer' names no file \('\d+, the square of \d+'\); a column declared image holds a path",
+                     r".*train.jsonl:line \d+: 'answer' names no file \('\d+, the square of \d+'\); a column declared image holds a path",
                      error), error
     assert len(read_log(tmp_path / "runs" / "pairs")) < 100
 
@@ -716,7 +716,7 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
               r"evaluation.paths\[0\]: .*absent.jsonl.*no such file"),
              (["train", run("mislabelled", **{'[evaluation]': '[evaluation]\ncolumns = { question = "image", answer = "text" }'})],
               r"evaluation.paths: 0 usable records; retrieval needs at least two; 12 bad, the first: "
-              r".*held-out.jsonl:0: 'question' names no file"),
+              r".*held-out.jsonl:line 1: 'question' names no file"),
              (["train", run("none", **{"[evaluation]": "[evaluation]\nmax_records = 0"})],
               r"^uform train: evaluation.max_records: 0; retrieval needs at least two records$"),
              (["train", run("one", **{"[evaluation]": "[evaluation]\nmax_records = 1"})],

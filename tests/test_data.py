@@ -61,7 +61,7 @@ def test_jsonl_rows_become_pairs_that_attract_both_ways_and_train(tmp_path):
         step = next(stream)
     batch = step.batch
     # In file order; pairs of 26 bytes pack two and more to a row of 64 columns, as many as 4 rows hold.
-    assert step.locations == [f"{path}:{i}" for i in range(9)]
+    assert step.locations == [f"{path}:line {i + 1}" for i in range(9)]
     assert [bytes(batch["contents"][i]) for i in range(2)] == [b"question 0?", b"the answer is 0"]
     attract = batch["relations"]["attract"]
     assert list(attract.offsets) == list(range(19)) and list(attract.ids[:6]) == [1, 0, 3, 2, 5, 4]
@@ -97,7 +97,29 @@ def test_parquet_reads_row_groups_and_resumes_inside_one(tmp_path):
     assert [values["answer"] for _, values, _ in records(dict(paths=[path], columns=PAIRS))] == [r["answer"] for r in rows]
     from uform.data import read_parquet
 
-    assert [key for key, _ in read_parquet(path, start=12)] == [str(i) for i in range(12, 30)]
+    keys = [key for key, _ in read_parquet(path, start=12)]
+    assert len(keys) == 18 and keys[:3] == ["row 12 (the 13th)", "row 13 (the 14th)", "row 14 (the 15th)"]
+    assert keys[-1] == "row 29 (the 30th)"
+
+
+def test_a_records_location_reads_one_way_only(tmp_path):
+    """A line-based file names a record by its line, counted from one as an editor counts, blank lines and a CSV
+    row's quoted line breaks included; a Parquet row by its index from zero with its ordinal beside it."""
+    from uform.data.readers import counted
+
+    jsonl = tmp_path / "gaps.jsonl"
+    jsonl.write_text('\n{"question": "q0", "answer": "a0"}\n\n\n{"question": "q1", "answer": ""}\n')
+    csv = tmp_path / "gaps.csv"
+    csv.write_text('question,answer\n"q\n0",a0\n\nq1,\n')
+    cases = [(jsonl, f"{jsonl}:line 5"), (csv, f"{csv}:line 5")]
+    for path, bad in cases:
+        with Stream(dict(paths=[str(path)], columns=PAIRS, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:
+            with pytest.raises(BadRecord, match=f"^{re.escape(bad)}: 'answer' is empty$"):
+                next(stream)
+    assert [counted("row", n) for n in (0, 1, 2, 3, 10, 11, 12, 20, 21, 22, 110, 111)] == [
+        "row 0 (the 1st)", "row 1 (the 2nd)", "row 2 (the 3rd)", "row 3 (the 4th)", "row 10 (the 11th)",
+        "row 11 (the 12th)", "row 12 (the 13th)", "row 20 (the 21st)", "row 21 (the 22nd)", "row 22 (the 23rd)",
+        "row 110 (the 111th)", "row 111 (the 112th)"]
 
 
 def test_choices_and_their_targets_come_from_columns(tmp_path):
@@ -206,8 +228,8 @@ def bad_datasets(tmp_path):
         (folder / f"{key}.jpg").write_bytes(image)
         if caption is not None:
             (folder / f"{key}.txt").write_text(caption)
-    cases = [(dict(paths=[str(jsonl)], columns=PAIRS), [f"{jsonl}:{i}" for i in (1, 2, 3)]),
-             (dict(paths=[str(csv)], columns=PAIRS), [f"{csv}:1"]),
+    cases = [(dict(paths=[str(jsonl)], columns=PAIRS), [f"{jsonl}:line {i}" for i in (2, 3, 4)]),
+             (dict(paths=[str(csv)], columns=PAIRS), [f"{csv}:line 3"]),
              (dict(paths=[tar], columns=dict(jpg="image", txt="text")), [f"{tar}:k{i}" for i in (1, 2, 3)]),
              (dict(paths=[str(folder)], columns=dict(jpg="image", txt="text")), [f"{folder}:{k}" for k in "bcd"])]
     try:
@@ -216,7 +238,7 @@ def bad_datasets(tmp_path):
         parquet = str(tmp_path / "bad.parquet")
         pyarrow.parquet.write_table(pyarrow.Table.from_pylist([dict(question="q0", answer="a0"),
                                                                dict(question=None, answer="a1")]), parquet)
-        cases.append((dict(paths=[parquet], columns=PAIRS), [f"{parquet}:1"]))
+        cases.append((dict(paths=[parquet], columns=PAIRS), [f"{parquet}:row 1 (the 2nd)"]))
     except ImportError:
         pass
     return cases
@@ -247,7 +269,7 @@ def test_a_refused_record_stops_the_stream_at_its_own_batch_not_before(tmp_path)
     rows = pairs(40)
     with Stream(dict(paths=[write_jsonl(tmp_path / "good.jsonl", rows)], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
         good = take(stream, 3)
-    second_of_third = int(good[2].locations[1].rsplit(":", 1)[1])
+    second_of_third = int(good[2].locations[1].rsplit(":line ", 1)[1]) - 1  # a row of its own line
     rows[second_of_third] = dict(rows[second_of_third], answer="")
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     with Stream(dict(paths=[path], columns=PAIRS, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:
@@ -255,7 +277,7 @@ def test_a_refused_record_stops_the_stream_at_its_own_batch_not_before(tmp_path)
         assert locations(before) == [[location.replace("good", "bad") for location in step.locations]
                                      for step in good[:2]]
         assert before[1].cursor == dict(good[1].cursor, shards=[path])
-        with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:{second_of_third}: 'answer' is empty"):
+        with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:line {second_of_third + 1}: 'answer' is empty"):
             next(stream)
 
 
@@ -273,7 +295,7 @@ def test_a_shard_that_breaks_off_ends_with_a_bad_record_saying_where(tmp_path):
         with Stream(dict(paths=[str(path)], columns=columns, shuffle_buffer=0), big) as stream:
             step = next(stream)
         assert len(step.locations) == good, name
-        assert any(re.match(rf"{re.escape(str(path))}:byte \d+: the shard breaks off here \(.+\); any records after "
+        assert any(re.match(rf"{re.escape(str(path))}:byte offset \d+: the shard breaks off here \(.+\); any records after "
                             "this point are lost", message) for message in step.bad_records), step.bad_records
         if name == "data":  # the sample whose caption was cut is bad too, saying so
             assert any(message.startswith(f"{path}:k6: 'txt' is cut short") for message in step.bad_records)
@@ -310,7 +332,7 @@ def test_a_csv_field_over_the_readers_limit_ends_the_shard_with_a_bad_record(tmp
     big = dict(CONFIG, batch=dict(max_rows_per_device=64, max_columns_per_row=64))
     with Stream(dict(paths=[str(path)], columns=PAIRS, shuffle_buffer=0), big) as stream:
         step = next(stream)
-    assert step.locations == [f"{path}:0"]
+    assert step.locations == [f"{path}:line 2"]  # the header is line 1
     assert [message.split(": ")[0] for message in step.bad_records] == [f"{path}:line 3"], step.bad_records
     assert "field larger than field limit" in step.bad_records[0]
 
@@ -413,14 +435,14 @@ def test_an_epoch_without_a_usable_batch_stops_the_stream_counting_its_bad_recor
     empty = write_jsonl(tmp_path / "empty-answers.jsonl", [dict(question=f"q{i}", answer=" ") for i in range(30)])
     with stream_of([empty]) as stream, pytest.raises(
             uform.InvalidArgument, match=r"data.paths: a whole epoch of .*empty-answers.jsonl made no usable batch: "
-                                         r"30 bad records; the first: .*:\d+: 'answer' is empty"):
+                                         r"30 bad records; the first: .*:line \d+: 'answer' is empty"):
         next(stream)
     # Records that pass the scan but whose files are missing: every batch is assembled empty.
     texts = write_jsonl(tmp_path / "texts.jsonl", pairs(30))
     dataset = dict(paths=[texts], columns=dict(question="image", answer="text"), shuffle_buffer=0)
     with Stream(dataset, CONFIG) as stream:
         with pytest.raises(uform.InvalidArgument, match=r"made no usable batch: 30 bad records; the first: "
-                                                        r".*texts.jsonl:0: 'question' names no file \('question 0\?'\)"):
+                                                        r".*texts.jsonl:line 1: 'question' names no file \('question 0\?'\)"):
             for _ in range(40):
                 assert next(stream).batch is None
 
@@ -466,12 +488,12 @@ def test_an_item_the_library_refuses_is_mapped_back_to_its_record_and_left_out(t
         with pytest.raises(uform.InvalidArgument, match=r"^batch.contents\[7\]: not a readable PNG") as refused:
             trainer.step(step.batch)
         retried = stream.without_refused(step, refused.value)
-        assert retried.locations == [f"{path}:{i}" for i in (0, 1, 2, 4)]
-        assert retried.bad_records == [f"{path}:3: 'image': {str(refused.value)[len('batch.contents[7]: '):]}"]
+        assert retried.locations == [f"{path}:line {i}" for i in (1, 2, 3, 5)]
+        assert retried.bad_records == [f"{path}:line 4: 'image': {str(refused.value)[len('batch.contents[7]: '):]}"]
         assert trainer.step(retried.batch).stats.items == 8
         assert stream.without_refused(retried, uform.InvalidArgument("batch.relations: 9 edges exceed ...")) is None
     with Stream(dict(dataset, bad_records="refuse"), config) as stream:
-        with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:3: 'image': not a readable PNG"):
+        with pytest.raises(BadRecord, match=rf"^{re.escape(path)}:line 4: 'image': not a readable PNG"):
             stream.without_refused(next(stream), refused.value)
 
 
@@ -505,7 +527,7 @@ def test_a_stream_decoding_ahead_decodes_every_batch_and_drops_a_bad_picture_bef
         steps = take(stream, 3)
         assert all(step.decoded and isinstance(step.batch, uform.Decoded) for step in steps if step.batch is not None)
         bad = [record for step in steps for record in step.bad_records]
-        assert bad == [f"{table}:5: 'picture': not a readable PNG image: the file ends early"]
+        assert bad == [f"{table}:line 6: 'picture': not a readable PNG image: the file ends early"]
         assert all(np.isfinite(trainer.step(step.batch).stats.loss) for step in steps if step.batch is not None)
 
 
@@ -525,5 +547,5 @@ def test_a_value_that_is_not_text_is_named_with_what_it_holds(tmp_path):
                                                   dict(question="q", answer=["a", "b"])])
     with Stream(dict(paths=[path], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
         bad = next(stream).bad_records
-    assert f"{path}:1: 'question' holds int 5, not text" in bad, bad
-    assert f"{path}:2: 'answer' holds list ['a', 'b'], not text" in bad, bad
+    assert f"{path}:line 2: 'question' holds int 5, not text" in bad, bad
+    assert f"{path}:line 3: 'answer' holds list ['a', 'b'], not text" in bad, bad

@@ -1,7 +1,8 @@
 """One reader per file layout: each turns one shard (a file or a folder) into records, in file order.
 
-A record is `(key, values)`: `key` names it inside its shard (a table's row number, a sample's key
-in a tar file or a folder) and `values` maps each column the dataset asks for to what the shard
+A record is `(key, values)`: `key` names it inside its shard, as messages show it (`line 13` of a JSONL
+or CSV file, counted from one as editors count; `row 12 (the 13th)` of a Parquet file, whose rows are
+numbered from zero; a sample's key in a tar file or a folder) and `values` maps each column the dataset asks for to what the shard
 holds. Text columns arrive as `str`; media columns as `bytes`, a path (`str`, from a table, resolved
 against the table's folder), or a `FileSlice` read only when its batch is assembled, so a process
 never reads the pictures of the records other processes train on. Every reader can start at a
@@ -49,6 +50,13 @@ def _whole(data: bytes, size: Optional[int]) -> bytes:
     return data
 
 
+def counted(noun: str, index: int) -> str:
+    """A place numbered from zero, with its ordinal beside it so that it reads one way only: `row 12 (the 13th)`."""
+    ordinal = index + 1
+    suffix = "th" if ordinal % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(ordinal % 10, "th")
+    return f"{noun} {index} (the {ordinal}{suffix})"
+
+
 def _broken(where: str, reason: object) -> Tuple[str, InvalidArgument]:
     """The record a shard ends with where it breaks off: the stream names it as bad."""
     return where, InvalidArgument(f"the shard breaks off here ({reason}); any records after this point are lost")
@@ -56,7 +64,7 @@ def _broken(where: str, reason: object) -> Tuple[str, InvalidArgument]:
 
 def _unreadable(reason: str) -> Tuple[str, InvalidArgument]:
     """The one record of a shard that is no file of its layout at all."""
-    return "byte 0", InvalidArgument(reason)
+    return "byte offset 0", InvalidArgument(reason)
 
 
 def shard_format(path: str, given: Optional[str], field_path: str = "data.paths") -> str:
@@ -90,25 +98,36 @@ def read_jsonl(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) ->
     """One JSON object per line; blank lines are no records. A line that is no JSON object still
     counts as a record, whose values are None, so the stream can name it as bad."""
     with open(path, "rb") as lines:
-        records = (line for line in lines if line.strip())
-        for number, line in enumerate(itertools.islice(records, start, None), start):
+        records = ((number, line) for number, line in enumerate(lines, 1) if line.strip())
+        for number, line in itertools.islice(records, start, None):
             try:
                 values = json.loads(line)
             except ValueError:
                 values = None
-            yield str(number), values if isinstance(values, dict) else None
+            yield f"line {number}", values if isinstance(values, dict) else None
 
 
 def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
-    """A header row names the columns; every later row is a record (quoted fields may span lines)."""
+    """A header row names the columns; every later row is a record (quoted fields may span lines, and
+    is named by the line it begins on); blank lines are no records, as `csv.DictReader` has it."""
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as file:
-        rows, number = csv.DictReader(file), start
+        rows, number, line = csv.reader(file), 0, 1
         try:
-            for number, row in enumerate(itertools.islice(rows, start, None), start):
-                yield str(number), {key: value for key, value in row.items() if key is not None}
-            return
+            header = next(rows, None)
+            while header is not None:
+                line = rows.line_num + 1  # where the next row begins
+                row = next(rows, None)
+                if row is None:
+                    return
+                if not row:
+                    continue
+                if number >= start:  # a short row's missing fields are None, a long row's extra ones dropped
+                    values = dict.fromkeys(header)
+                    values.update(zip(header, row))
+                    yield f"line {line}", values
+                number += 1
         except csv.Error as error:  # a NUL byte, a field over the module's limit: the reader cannot go on
-            yield _broken(f"line {rows.line_num + 1}", error)  # the line it could not read
+            yield _broken(f"line {line}", error)  # where the row it could not read begins
 
 
 def read_parquet(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
@@ -128,11 +147,11 @@ def read_parquet(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) 
         try:
             values_of_rows = table.read_row_group(group).to_pylist()
         except Exception as error:
-            yield _broken(f"row group {group}", _pyarrow_reason(error))
+            yield _broken(counted("row group", group), _pyarrow_reason(error))
             return
         for offset, values in enumerate(values_of_rows):
             if first + offset >= start:
-                yield str(first + offset), values
+                yield counted("row", first + offset), values
         first += rows
 
 
@@ -239,7 +258,7 @@ def read_tar(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> I
         if broken is None and (len(end) < tarfile.BLOCKSIZE or end.strip(b"\0")):
             broken = "the file ends without the archive's end marker" if not end else "no valid member header follows"
         if broken is not None and number + 1 >= start:
-            yield _broken(f"byte {archive.offset}", broken)
+            yield _broken(f"byte offset {archive.offset}", broken)
 
 
 def read_folder(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
