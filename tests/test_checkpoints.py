@@ -391,6 +391,28 @@ def test_a_config_claiming_another_geometry(cpu, good, tmp_path):
         refused(cpu, path, uform.InvalidCheckpoint, message, resume=False)
 
 
+def test_a_refused_resume_names_what_to_do_next(cpu, good, tmp_path):
+    """Resuming, a config that differs from the checkpoint's names the field to set as the checkpoint has it, and a file
+    no run resumes from says to take another; an encoder, with no run to mend, hears the reason alone."""
+    checkpoint = Checkpoint(good)
+    path = tmp_path / "geometry.safetensors"
+    for change, then in ((dict(depth=2), "set config.depth = 2 to resume from it"),
+                         (dict(contrastive=dict(temperature_groups=3)),
+                          "set config.contrastive.temperature_groups = 3 to resume from it")):
+        checkpoint.write(path, config_text(checkpoint, json.dumps(dict(checkpoint.config, **change))))
+        with pytest.raises(uform.InvalidCheckpoint, match=rf"^resume: the checkpoint .*, the config asks for 1; "
+                                                          rf"{then.replace('.', '[.]')}$"):
+            uform.Trainer.init_ram(cpu, dict(TINY, resume=str(path)))
+    whole = open(good, "rb").read()
+    cut = raw(tmp_path / "cut.safetensors", whole[: len(whole) - 100])
+    for damaged, error in ((cut, uform.InvalidCheckpoint), (tmp_path / "missing.safetensors", uform.StorageError)):
+        with pytest.raises(error, match=r"^resume: .*; resume from another checkpoint$"):
+            uform.Trainer.init_ram(cpu, dict(TINY, resume=str(damaged)))
+        with pytest.raises(error) as refused:
+            uform.Encoder.load(str(damaged), cpu)
+        assert str(refused.value).startswith("path: ") and "another checkpoint" not in str(refused.value)
+
+
 def test_only_the_configs_own_fields_are_read(cpu, good, tmp_path):
     """Keys inside strings or nested objects do not count: the first reader searched the text for
     `"depth": ` and took a nested object's depth for the run's."""

@@ -387,9 +387,12 @@ def test_the_token_head_is_checkpointed_and_resumes(executor, tmp_path):
     full = str(tmp_path / "full.safetensors")
     with uform.Trainer.init_ram(executor, made) as trainer:
         trainer.save(full)
-    with pytest.raises(uform.InvalidCheckpoint, match=r"has a late-interaction token head, the config trains none"):
+    with pytest.raises(uform.InvalidCheckpoint, match=r"has a late-interaction token head, the config trains none "
+                                                      r"\(late_interaction\.weight = 0\); set config\.late_interaction\.weight "
+                                                      r"above 0 to resume from it$"):
         uform.Trainer.init_ram(executor, dict(made, late_interaction=None, resume=full))
-    with pytest.raises(uform.InvalidCheckpoint, match=r"late_interaction\.width = 16, the config asks for 8"):
+    with pytest.raises(uform.InvalidCheckpoint, match=r"late_interaction\.width = 16, the config asks for 8; set "
+                                                      r"config\.late_interaction\.width = 16 to resume from it$"):
         uform.Trainer.init_ram(executor, dict(made, late_interaction=dict(weight=1.0, width=8, max_query_span=8),
                                               resume=full))
     # A span set without the term trains no head, and its checkpoints load and resume.
@@ -397,7 +400,9 @@ def test_the_token_head_is_checkpointed_and_resumes(executor, tmp_path):
     unweighted = dict(made, late_interaction=dict(max_query_span=8))
     with uform.Trainer.init_ram(executor, unweighted) as trainer:
         trainer.save(plain)
-    with pytest.raises(uform.InvalidCheckpoint, match=r"has no late-interaction token head, the config trains one"):
+    with pytest.raises(uform.InvalidCheckpoint, match=r"has no late-interaction token head, the config trains one "
+                                                      r"\(late_interaction\.weight > 0\); set config\.late_interaction\.weight "
+                                                      r"to 0 to resume from it$"):
         uform.Trainer.init_ram(executor, dict(made, resume=plain))
     uform.Trainer.init_ram(executor, dict(unweighted, resume=plain)).free()
     uform.Encoder.load(plain, executor).free()

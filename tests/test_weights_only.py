@@ -108,7 +108,7 @@ def test_resume_refuses_a_weights_only_file(cpu, saved):
     whole, weights = saved
     with pytest.raises(uform.InvalidCheckpoint,
                        match=r"^resume: .*weights\.safetensors is a weights-only checkpoint: it holds no optimizer "
-                             r"moments, .*Encoder\.load"):
+                             r"moments, so no run resumes from it; resume from a whole checkpoint .*Encoder\.load"):
         uform.Trainer.init_ram(cpu, dict(TINY, resume=weights))
     with uform.Trainer.init_ram(cpu, dict(TINY, resume=whole)) as trainer:  # the whole one still resumes
         assert trainer.step(pairs()).stats.step == 4

@@ -905,7 +905,7 @@ static uform_status_t uform_tensor_read(FILE* file, uform_header_t const* header
         header->count ? bsearch(&key, header->entries, header->count, sizeof(uform_entry_t), uform_entries_by_name) : NULL;
     if (!entry || fseeko(file, (off_t)(header->data_start + entry->begin), SEEK_SET) != 0 ||
         fread(values, sizeof(float), count, file) != count)
-        return UFORM_BAD("%s: %s ends inside %s; was it cut while being read?", what, path, name);
+        return UFORM_BAD("%s: %s ends inside %s (was it cut while being read?)", what, path, name);
     for (size_t k = 0; k != count; ++k)
         if (!isfinite(values[k]) || (family == 2 && values[k] < 0))
             return UFORM_BAD("%s: %s holds %g in %s at element %zu; %s", what, path, uform_printed(values[k]), name, k,
@@ -966,28 +966,45 @@ uform_status_t uform_checkpoint_config(char const* path, uform_trainer_init_vram
     return uform_status_success_k;
 }
 
+/* A resumed run's refusal, its reason followed by what to do `next`. An encoder's (`path: ...`) is left as it is: it
+   has no run to mend. Out of memory is no fault of the file's. */
+static uform_status_t uform_resume_refused(uform_status_t status, char const* next, char const** error) {
+    if (status == uform_status_out_of_memory_k) return status;
+    return uform_fail(error, status, "%s; %s", uform_message(), next);
+}
+
 uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* layout, float* weights, float* first,
                                      float* second, uint64_t* step, char const** error) {
     char const* what = first ? "resume" : "path"; /* a run's config field, or an encoder's argument */
+    /* A file that no run resumes from (unreadable, cut short, of another kind) leaves another to take; a config that
+       differs from the checkpoint's leaves its field to set as the checkpoint has it. */
+    char next[192] = "resume from another checkpoint";
     FILE* file;
     uform_header_t header;
     uform_trainer_init_vram_t recorded;
     uform_status_t status = uform_checkpoint_open(path, what, NULL, 0, &file, &header, error);
-    if (status != uform_status_success_k) return status;
-    if (first && header.weights_only)
+    if (status != uform_status_success_k) return first ? uform_resume_refused(status, next, error) : status;
+    if (first && header.weights_only) {
         status = UFORM_BAD("resume: %s is a weights-only checkpoint: it holds no optimizer moments, so no run resumes "
-                           "from it; load it for inference with uform_encoder_load (Encoder.load in Python)",
-                           path);
+                           "from it", path);
+        snprintf(next, sizeof(next), "resume from a whole checkpoint (saved without weights_only), or load this one "
+                 "for inference with uform_encoder_load (Encoder.load in Python)");
+    }
     if (status == uform_status_success_k) status = uform_config_read(&header, &recorded, what, path, error);
     uint64_t head = layout->token_head == SIZE_MAX ? 0 : layout->tensors[layout->token_head].rows;
     uform_late_interaction_t const* late = &recorded.late_interaction;
-    if (status == uform_status_success_k && !late->max_query_span != !head)
+    if (status == uform_status_success_k && !late->max_query_span != !head) {
         status = UFORM_BAD("%s: the checkpoint %s %s late-interaction token head, the config %s (late_interaction.weight "
                            "%s)", what, path, head ? "has no" : "has a", head ? "trains one" : "trains none",
                            head ? "> 0" : "= 0");
-    if (status == uform_status_success_k && head && late->width != head)
+        snprintf(next, sizeof(next), "set config.late_interaction.weight %s to resume from it",
+                 head ? "to 0" : "above 0");
+    }
+    if (status == uform_status_success_k && head && late->width != head) {
         status = UFORM_BAD("%s: the checkpoint %s has late_interaction.width = %u, the config asks for %llu", what, path,
                            late->width, (unsigned long long)head);
+        snprintf(next, sizeof(next), "set config.late_interaction.width = %u to resume from it", late->width);
+    }
     /* The fixed rows, as the layout holds them: each projection's columns mean one layout of values, which two
        shapes of as many values would scramble. The stride and sample rate only choose which frames and samples are
        read, so a resumed run may change them. */
@@ -1001,9 +1018,11 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
         uint32_t found = *(uint32_t const*)((char const*)&recorded + field->offset);
         uint32_t expected = *(uint32_t const*)((char const*)&run + field->offset);
         if (!found) found = (uint32_t)field->derived; /* absent: as a config's zero derives */
-        if (found != expected)
+        if (found != expected) {
             status = UFORM_BAD("%s: the checkpoint %s has %s = %u, the config asks for %u", what, path, field->name,
                                found, expected);
+            snprintf(next, sizeof(next), "set config.%s = %u to resume from it", field->name, found);
+        }
     }
     if (status == uform_status_success_k) status = uform_tensors_match(&header, layout, what, path, error);
     /* An encoder reads the weights alone: a whole checkpoint's moments had their names, shapes and places checked,
@@ -1020,7 +1039,7 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
     if (status == uform_status_success_k) *step = header.step;
     free(header.entries);
     fclose(file);
-    return status;
+    return first && status != uform_status_success_k ? uform_resume_refused(status, next, error) : status;
 }
 
 uform_status_t uform_checkpoint_note(char const* path, char* note, size_t capacity, size_t* length, char const** error) {
