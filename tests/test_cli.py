@@ -450,6 +450,23 @@ def test_a_signal_during_the_last_step_leaves_the_final_evaluation_to_the_rerun(
     assert "already took its 9 steps" in capsys.readouterr().out
 
 
+def test_paths_given_with_dot_dot_are_shown_tidied_when_the_run_resumes(run, tmp_path, capsys):
+    (tmp_path / "sub").mkdir()
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "q", "answer": ""}\n' + data.read_text())  # a bad record, met at once
+    spelled = {'paths = ["train.jsonl"]': 'paths = ["sub/../train.jsonl"]', "[run]": '[run]\nfolder = "sub/../runs/tidy"'}
+    assert cli.main(["train", run(steps=3, **spelled)]) == 0
+    assert cli.main(["train", run(steps=5, **spelled)]) == 0
+    out, err = capsys.readouterr()
+    folder = tmp_path / "runs" / "tidy"
+    assert f"uform: resuming {folder}/checkpoints/step-000000003.safetensors with trainer.schedule.steps = 5 (was 3)" in err
+    assert f"uform: trained to step 5; checkpoints in {folder}/checkpoints, log in {folder}/log.jsonl" in out
+    assert "/../" not in out + err
+    log = read_log(folder)
+    assert f"{data}:line 1: 'answer' is empty" in [line.get("bad_record") for line in log]
+    assert "/../" not in json.dumps(log)
+
+
 def test_a_checkpoint_without_a_cursor_is_refused_and_an_older_versions_cursor_beside_it_read(run, tmp_path, capsys):
     """Before checkpoints carried notes, the cursor lay beside each in `step-N.cursor.json`: such a run
     folder still resumes exactly. A checkpoint with neither cursor is refused, named, not resumed with

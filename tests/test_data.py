@@ -326,6 +326,22 @@ def test_a_shard_of_another_layout_is_refused_naming_it(tmp_path):
         Stream(dict(paths=[jsonl], columns=PAIRS, format="parquet"), CONFIG)
 
 
+def test_paths_given_with_dot_dot_are_shown_tidied(tmp_path):
+    """Locations and a resumed stream's refusal show a path without its `..`, unless that is all that differs."""
+    (tmp_path / "sub").mkdir()
+    write_jsonl(tmp_path / "a.jsonl", pairs(4))
+    write_jsonl(tmp_path / "b.jsonl", pairs(4))
+    spelled = str(tmp_path / "sub" / ".." / "a.jsonl")
+    with Stream(dict(paths=[spelled], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
+        step = next(stream)
+    assert step.locations == [f"{tmp_path / 'a.jsonl'}:line {i + 1}" for i in range(4)]
+    assert [location for location, _, _ in records(dict(paths=[spelled], columns=PAIRS))] == step.locations
+    for other, then, now in ((str(tmp_path / "sub" / ".." / "b.jsonl"), tmp_path / "a.jsonl", tmp_path / "b.jsonl"),
+                             (str(tmp_path / "a.jsonl"), spelled, tmp_path / "a.jsonl")):
+        with pytest.raises(uform.InvalidArgument, match=re.escape(f"at shard 0: {str(then)!r} then, {str(now)!r} now")):
+            Stream(dict(paths=[other], columns=PAIRS, shuffle_buffer=0), CONFIG, cursor=step.cursor)
+
+
 def test_a_csv_field_over_the_readers_limit_ends_the_shard_with_a_bad_record(tmp_path):
     path = tmp_path / "long.csv"
     path.write_text("question,answer\nq0,a0\nq1," + "x" * 200_000 + "\nq2,a2\n")

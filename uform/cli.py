@@ -200,10 +200,16 @@ def load_config(path: str) -> TrainConfig:
     def resolve(entry):
         return os.path.join(here, os.path.expanduser(entry))
 
+    def owned(entry):
+        """A path of the run's own (its folder, the checkpoint it resumes, where its processes meet), with `..` tidied
+        away so that every message shows it plainly. Data paths stay as given: a checkpoint records its shards by them,
+        and messages tidy them as they show them."""
+        return os.path.normpath(resolve(entry))
+
     trainer = dict(sections["trainer"])
     normalize(TrainerConfig, trainer, "trainer")  # checks every field now, named as the config names it
     if trainer.get("resume") is not None:
-        trainer["resume"] = resolve(trainer["resume"])
+        trainer["resume"] = owned(trainer["resume"])
     data = normalize_dataset(sections["data"])
     data.paths = [resolve(entry) for entry in data.paths]
     evaluation = None
@@ -219,7 +225,7 @@ def load_config(path: str) -> TrainConfig:
     if run.device not in ("auto", "gpu", "cpu"):
         raise InvalidArgument(f"run.device: {run.device!r} is not one of 'auto', 'gpu', 'cpu'")
     stem = os.path.splitext(os.path.basename(path))[0]
-    run.folder = resolve(run.folder) if run.folder is not None else os.path.join(here, "runs", stem)
+    run.folder = owned(run.folder) if run.folder is not None else os.path.join(here, "runs", stem)
     if evaluation is not None and evaluation.max_records < 2:
         raise InvalidArgument(f"evaluation.max_records: {evaluation.max_records}; retrieval needs at least two records")
     checkpoints = _plain_section(Checkpoints, sections.get("checkpoints", {}), "checkpoints")
@@ -234,7 +240,7 @@ def load_config(path: str) -> TrainConfig:
     if not mesh.job or "/" in mesh.job or mesh.job in (".", "..") or len(mesh.job.encode()) > 200:
         raise InvalidArgument(f"mesh.job: {mesh.job!r} is not one folder name (no '/', not '.' or '..', at most "
                               "200 bytes)")
-    mesh.directory = resolve(mesh.directory) if mesh.directory is not None else os.path.join(run.folder, "mesh")
+    mesh.directory = owned(mesh.directory) if mesh.directory is not None else os.path.join(run.folder, "mesh")
     return TrainConfig(path, run, trainer, data, evaluation, checkpoints, mesh)
 
 

@@ -311,5 +311,6 @@ def records(dataset: Any, start: Tuple[int, int] = (0, 0), path: str = "data") -
     for number in range(start[0], len(shards)):
         path, layout = shards[number]
         folder = os.path.dirname(os.path.abspath(path)) if layout not in ("folder",) else os.path.abspath(path)
+        shown = os.path.normpath(path)  # a location is for reading: `data/../more/a.jsonl` as `more/a.jsonl`
         for key, values in READERS[layout](path, start[1] if number == start[0] else 0, texts):
-            yield f"{path}:{key}", values, folder
+            yield f"{shown}:{key}", values, folder

@@ -205,8 +205,12 @@ class Stream:
         if then != now:  # a dataset may have thousands of shards: name the first that differs, not them all
             if isinstance(then, list):
                 at = next((k for k, (a, b) in enumerate(zip(then, now)) if a != b), min(len(then), len(now)))
+                was, new = (paths[at] if at < len(paths) else None for paths in (then, now))
+                tidied = [os.path.normpath(path) if isinstance(path, str) else path for path in (was, new)]
+                if tidied[0] != tidied[1]:  # shown with `..` tidied away, unless that is all that differs
+                    was, new = tidied
                 differ = (f"{len(then)} shards, now {len(now)}, the first difference at shard {at}: "
-                          f"{then[at] if at < len(then) else None!r} then, {now[at] if at < len(now) else None!r} now")
+                          f"{was!r} then, {new!r} now")
             else:
                 differ = f"shards of digest {then!r}, now {len(now)} other{'s' if len(now) != 1 else ''}"
             raise InvalidArgument(f"data.paths: the stream being resumed read {differ}; the same sequence needs the "
@@ -254,8 +258,9 @@ class Stream:
             path, layout = self.shards[order[position]]
             folder = os.path.abspath(path) if layout == "folder" else os.path.dirname(os.path.abspath(path))
             first = offset if position == shard else 0
+            shown = os.path.normpath(path)  # as `records` names it
             for number, (key, values) in enumerate(READERS[layout](path, first, self.texts), first):
-                yield position, number, (f"{path}:{key}", values, folder)
+                yield position, number, (f"{shown}:{key}", values, folder)
 
     def _device_batches(self) -> Iterator[Tuple[List[Group], List[str], Tuple[int, int, int, int]]]:
         """Groups packed into device batches, each with the bad records met before the next batch's first and
