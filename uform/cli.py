@@ -548,19 +548,33 @@ def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = 
 
 
 class _Stop:
-    """SIGINT and SIGTERM ask the run to stop after the step in flight; a second one stops it at once. While the
-    processes of a mesh meet, with no step to finish, the first one ends the wait for the others."""
+    """SIGINT and SIGTERM ask the run to stop after the step in flight; a second one, of either, stops it at once,
+    saying what that lost and how the run resumes (`again`, the command, from the newest checkpoint in `saved_in`).
+    While the processes of a mesh meet, with no step to finish, the first one ends the wait for the others."""
 
-    def __init__(self) -> None:
+    def __init__(self, again: str, saved_in: str) -> None:
         self.signal: Optional[int] = None
         self.meeting = False
+        self.again, self.saved_in = again, saved_in
         self._previous = {number: signal.signal(number, self._ask) for number in (signal.SIGINT, signal.SIGTERM)}
 
     def _ask(self, number: int, frame: Any) -> None:
+        if self.signal is not None:
+            self._at_once(number)
         self.signal = number
-        signal.signal(number, signal.SIG_DFL)
         if self.meeting:
             uform.Mesh.abandon()
+
+    def _at_once(self, number: int) -> None:
+        complete = checkpoints_in(self.saved_in)
+        then = (f"{self.again} resumes from {complete[-1][1]}" if complete
+                else f"nothing saved yet; {self.again} starts over")
+        # Written to the descriptor: the handler may run while this thread is inside a write to sys.stderr.
+        os.write(2, (f"uform: stopped at once by a second signal, {signal.Signals(number).name}, without saving the "
+                     f"step in progress or any since the last checkpoint; {then}\n").encode())
+        # Ended by the signal itself, as an unhandled one ends a process: the shell sees 128 + its number.
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
 
     def restore(self) -> None:
         for number, handler in self._previous.items():
@@ -696,7 +710,7 @@ def _train(config_path: str, index: int) -> int:
         print(f"uform: {source} {done}; raise trainer.schedule.steps above {step} to train on")
         return 0
     # SIGINT and SIGTERM from here on stop the run cleanly, even before its first step.
-    stop = _Stop()
+    stop = _Stop(_rerun(config), saved_in)
     try:
         # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
         with Stream(config.data, trainer_config, process_index=index, process_count=count, cursor=cursor) as stream, \
@@ -827,6 +841,13 @@ def _agreed(mesh: uform.Mesh, config: TrainConfig, shards: int) -> None:
             if value != values[0]:
                 raise InvalidArgument(f"{name}: {values[0]!r} on host domain 0, {value!r} on host domain {other}; "
                                       "every process of a mesh trains one run from one config")
+
+
+def _rerun(config: TrainConfig) -> str:
+    """The command that resumes the run."""
+    if config.mesh.host_domain_count > 1:
+        return f"`uform train {config.path} --host-domain-index I` on every process"
+    return f"`uform train {config.path}`"
 
 
 class _Stopped(Exception):
@@ -1032,8 +1053,7 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
         name = signal.Signals(stop.signal).name
         log.write(dict(step=step, stopped=name))
         complete = checkpoints_in(saved_in)
-        again = (f"`uform train {config.path} --host-domain-index I` on every process"
-                 if mesh is not None and mesh.host_domain_count > 1 else f"`uform train {config.path}`")
+        again = _rerun(config)
         last = held_out is not None and evaluated_step != step and step >= config.trainer["schedule"]["steps"]
         verb = "evaluates it" if last else "resumes"
         if index and cursor is not None:  # host domain 0 saves this step, perhaps still
