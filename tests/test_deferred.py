@@ -141,6 +141,17 @@ def test_a_done_callback_runs_as_the_verb_lands_or_at_once_and_what_it_raises_is
     assert [type(record.exc_info[1]) for record in logged] == [ValueError, SystemExit, SystemExit]
 
 
+def test_a_done_callback_that_is_not_callable_is_refused_at_once(slow, caplog):
+    answer = slow.deferred().step(slow_batch())
+    for wrong, kind in ((None, "NoneType"), ("print", "str")):
+        with pytest.raises(TypeError, match=f"^callback: expected a callable taking the Deferred, got {kind}$"):
+            answer.add_done_callback(wrong)
+    assert answer.wait().stats.step == 2
+    with pytest.raises(TypeError, match="^callback: "):  # landed already: refused alike
+        answer.add_done_callback(None)
+    assert not [record for record in caplog.records if record.name == "uform"]  # nothing failed later, on the worker
+
+
 def test_wait_times_out_but_the_verb_still_runs(slow):
     answer = slow.deferred().step(slow_batch())
     with pytest.raises(TimeoutError):

@@ -87,7 +87,10 @@ class Deferred:
     def add_done_callback(self, callback: Callable[["Deferred"], Any]) -> None:
         """Calls `callback(deferred)` once the verb has landed: on the executor's worker thread as it lands,
         or at once on this thread when it already has. There `wait()` returns at once, and deferred verbs may
-        be submitted; a blocking verb raises `Busy`. What the callback raises is logged (logger "uform")."""
+        be submitted; a blocking verb raises `Busy`. What the callback raises is logged (logger "uform"); a
+        `callback` that is not callable raises `TypeError` here, not there."""
+        if not callable(callback):
+            raise TypeError(f"callback: expected a callable taking the Deferred, got {type(callback).__name__}")
 
         def call(_: concurrent.futures.Future) -> None:
             try:
