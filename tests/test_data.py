@@ -558,6 +558,29 @@ def test_a_bad_media_record_says_what_its_bytes_are_when_they_are_another_kind(t
                    f"{tar}:k2: 'jpg': declared image, but 6 bytes that are no image file (they begin b'<html>')"]
 
 
+def test_a_null_value_is_said_to_be_null_not_missing(tmp_path):
+    rows = [dict(question="q", answer="a", hard=["h"], score=1), dict(question="q", answer=None, hard=["h"], score=1),
+            dict(question="q", hard=["h"], score=1), dict(question="q", answer="a", hard=["h", None], score=1),
+            dict(question="q", answer="a", hard=None, score=1), dict(question="q", answer="a", hard=["h"], score=None)]
+    path = write_jsonl(tmp_path / "nulls.jsonl", rows)
+    dataset = dict(paths=[path], columns=PAIRS, negatives=dict(hard="text"), weight="score", shuffle_buffer=0)
+    with Stream(dataset, CONFIG) as stream:
+        bad = next(stream).bad_records
+    assert bad == [f"{path}:line 2: 'answer' is null", f"{path}:line 3: no 'answer'", f"{path}:line 4: 'hard' holds a null",
+                   f"{path}:line 5: 'hard' is null", f"{path}:line 6: 'score' is null"]
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet
+
+    table = str(tmp_path / "nulls.parquet")
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist([dict(question="q", answer="a"), dict(question="q", answer=None)]),
+                                table)
+    csv = tmp_path / "short.csv"
+    csv.write_text("question,answer\nq,a\nq\n")
+    for shard, message in ((table, f"{table}:row 1 (the 2nd): 'answer' is null"), (str(csv), f"{csv}:line 3: no 'answer'")):
+        with Stream(dict(paths=[shard], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
+            assert next(stream).bad_records == [message]
+
+
 def test_a_value_that_is_not_text_is_named_with_what_it_holds(tmp_path):
     path = write_jsonl(tmp_path / "typed.jsonl", [dict(question="q", answer="a"), dict(question=5, answer="a"),
                                                   dict(question="q", answer=["a", "b"])])

@@ -188,25 +188,35 @@ def make_group(dataset: Dataset, location: str, values: Any, folder: str) -> Gro
     columns = list(dataset.columns)
     positives = len(items)
     for column, modality in dataset.negatives.items():
-        value = pick(values, column)
+        value = _present(values, column, location)
         for entry in value if isinstance(value, list) else [value]:
+            if entry is None:
+                raise BadRecord(f"{location}: {column!r} holds a null")
             items.append((modality, _checked(entry, column, modality, location)))
             columns.append(column)
     group = Group(location, items, positives, folder=folder, columns=columns)
     if dataset.weight is not None:
-        group.weight = _weight(pick(values, dataset.weight), location, dataset.weight)
+        group.weight = _weight(_present(values, dataset.weight, location), location, dataset.weight)
     if dataset.choices is not None:
         group.choices, group.choice_targets = _choices(values, dataset, location)
     return group
 
 
+def _present(values: Mapping, column: str, location: str) -> Any:
+    """The value of `column`, or `BadRecord` saying whether the record lacks it or gives it as null (JSON's `null`,
+    Parquet's null)."""
+    value = pick(values, column)
+    if value is None:
+        given = any(name in values for name in column.split(";"))
+        raise BadRecord(f"{location}: {column!r} is null" if given else f"{location}: no {column!r}")
+    return value
+
+
 def _value(values: Mapping, column: str, modality: Modality, location: str) -> Any:
-    return _checked(pick(values, column), column, modality, location)
+    return _checked(_present(values, column, location), column, modality, location)
 
 
 def _checked(value: Any, column: str, modality: Modality, location: str) -> Any:
-    if value is None:
-        raise BadRecord(f"{location}: no {column!r}")
     if isinstance(value, InvalidArgument):  # a reader's verdict, such as a caption that is no UTF-8
         raise BadRecord(f"{location}: {column!r} is {value}")
     if modality is Modality.TEXT:
@@ -239,7 +249,7 @@ def _weight(value: Any, location: str, column: str) -> float:
 
 
 def _choices(values: Mapping, dataset: Dataset, location: str):
-    choices, targets = pick(values, dataset.choices), pick(values, dataset.choice_targets)
+    choices, targets = _present(values, dataset.choices, location), _present(values, dataset.choice_targets, location)
     if isinstance(choices, str):
         choices = choices.encode("utf-8")
     if not isinstance(choices, bytes) or not choices or len(set(choices)) != len(choices):

@@ -121,10 +121,8 @@ def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> I
                     return
                 if not row:
                     continue
-                if number >= start:  # a short row's missing fields are None, a long row's extra ones dropped
-                    values = dict.fromkeys(header)
-                    values.update(zip(header, row))
-                    yield f"line {line}", values
+                if number >= start:  # a short row lacks the fields past its end; a long row's extra ones are dropped
+                    yield f"line {line}", dict(zip(header, row))
                 number += 1
         except csv.Error as error:  # a NUL byte, a field over the module's limit: the reader cannot go on
             yield _broken(f"line {line}", error)  # where the row it could not read begins
