@@ -1,6 +1,7 @@
 """The `uform` command: train from a TOML config, embed a dataset, describe a checkpoint.
 
-    uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume
+    uform train CONFIG                      # trains, evaluates, checkpoints; run again to resume, or to make
+                                            # the final evaluation that a stop during the last step left
     uform train CONFIG --host-domain-index I   # process I of a [mesh] of several
     uform embed CHECKPOINT INPUT OUTPUT     # one table, tar shard or folder in, .npy or .parquet out
     uform info CHECKPOINT                   # geometry, step, config, tensor sizes; exit 1 where no reader loads it
