@@ -48,6 +48,11 @@ struct uform_vram_attention_t {
     int32_t* lengths = nullptr;  /* (segments) */
     int64_t* ragged_qkv = nullptr; /* (segments + 1) */
     int64_t* ragged_o = nullptr;   /* (segments + 1) */
+    /* The items the three above were last computed for, each one's start and length (segments x 2): a step's
+       layers share them, so a step computes them once, not once a layer. None (`known_count` 0) once that
+       computation failed. */
+    uint32_t* known = nullptr;
+    size_t known_count = 0, known_hidden = 0;
 };
 
 size_t uform_vram_attention_metadata_bytes(size_t segments) {
@@ -185,7 +190,18 @@ uform_status_t uform_vram_attention_prepare(uform_vram_context_t* context, uform
                                items->count, items->longest, context->plan.segments, context->plan.columns);
     uform_status_t status = uform_vram_attention_build(context, state, items->count, graphs);
     if (status != uform_status_success_k) return status;
-    return uform_vram_attention_items(context, state->lengths, state->ragged_qkv, state->ragged_o, items, hidden);
+    bool same = state->known_count == items->count && state->known_hidden == hidden;
+    for (size_t i = 0; same && i != items->count; ++i)
+        same = state->known[2 * i] == items->host_segments[i].start &&
+               state->known[2 * i + 1] == items->host_segments[i].length;
+    if (same) return uform_status_success_k;
+    state->known_count = 0;
+    status = uform_vram_attention_items(context, state->lengths, state->ragged_qkv, state->ragged_o, items, hidden);
+    if (status != uform_status_success_k) return status;
+    for (size_t i = 0; i != items->count; ++i)
+        state->known[2 * i] = items->host_segments[i].start, state->known[2 * i + 1] = items->host_segments[i].length;
+    state->known_count = items->count, state->known_hidden = hidden;
+    return uform_status_success_k;
 }
 
 /* Whether the items cover the stream's tokens without a gap: then every row of an output is written. */
@@ -216,6 +232,8 @@ uform_status_t uform_vram_attention_open(uform_vram_context_t* context) {
         return uform_vram_fail(NULL, uform_status_device_k, "cudnnCreate: %s", cudnnGetErrorString(created));
     cudnnSetStream(state->handle, context->stream);
     size_t segments = context->plan.segments;
+    state->known = new (std::nothrow) uint32_t[2 * (segments ? segments : 1)];
+    if (!state->known) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for the attention's items");
     void* metadata = nullptr;
     uform_status_t status = uform_vram_check(cudaMalloc(&metadata, uform_vram_attention_metadata_bytes(segments)),
                                              "cudaMalloc (attention offsets)");
@@ -234,6 +252,7 @@ void uform_vram_attention_close(uform_vram_context_t* context) {
     if (state->lengths) cudaFree(state->lengths);
     if (state->grown) cudaFree(state->grown);
     if (state->handle) cudnnDestroy(state->handle);
+    delete[] state->known;
     delete state;
     context->attention = nullptr;
 }
