@@ -849,24 +849,6 @@ def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monk
     assert not os.path.exists(tmp_path / "runs")
 
 
-def test_sigint_while_the_command_loads_uform_ends_it_quietly(tmp_path):
-    """`uform` enters through `uform_command`, outside the package, so that a Ctrl-C while the package loads (numpy,
-    the native library) ends it with 130 and no traceback; here the interrupt comes as Python looks for `uform`."""
-    interrupting = ("import sys\n"
-                    "class Interrupting:\n"
-                    "    def find_spec(self, name, path=None, target=None):\n"
-                    "        if name == 'uform':\n"
-                    "            raise KeyboardInterrupt\n"
-                    "sys.meta_path.insert(0, Interrupting())\n")
-    command = "import sys, uform_command\nsys.exit(uform_command.main())\n"
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(uform.__file__)))
-    for child, code, out in ((interrupting + command, 128 + signal.SIGINT, ""),
-                             (command, 0, f"uform {uform.__version__}\n")):  # not interrupted: the command itself
-        ended = subprocess.run([sys.executable, "-c", child, "--version"], env=env, cwd=tmp_path, capture_output=True,
-                               text=True, timeout=60)
-        assert (ended.returncode, ended.stdout, ended.stderr) == (code, out, ""), ended
-
-
 def test_embed_refuses_an_output_it_cannot_write_naming_it(tmp_path, capsys, monkeypatch):
     checkpoint = str(tmp_path / "tiny.safetensors")
     with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
