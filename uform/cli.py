@@ -549,33 +549,25 @@ def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = 
 
 
 class _Stop:
-    """SIGINT and SIGTERM ask the run to stop after the step in flight; a second one, of either, stops it at once,
-    saying what that lost and how the run resumes (`again`, the command, from the newest checkpoint in `saved_in`).
-    While the processes of a mesh meet, with no step to finish, the first one ends the wait for the others."""
+    """SIGINT and SIGTERM ask the run to stop after the step in flight, saying so and what a second one would lose;
+    the second, of either kind, ends the process at once by the system's default action, even inside a step or a
+    save, where no Python handler would run until it returned. While the processes of a mesh meet, with no step to
+    finish, the first one ends the wait for the others."""
 
-    def __init__(self, again: str, saved_in: str) -> None:
+    def __init__(self) -> None:
         self.signal: Optional[int] = None
         self.meeting = False
-        self.again, self.saved_in = again, saved_in
         self._previous = {number: signal.signal(number, self._ask) for number in (signal.SIGINT, signal.SIGTERM)}
 
     def _ask(self, number: int, frame: Any) -> None:
-        if self.signal is not None:
-            self._at_once(number)
         self.signal = number
+        for either in self._previous:
+            signal.signal(either, signal.SIG_DFL)
+        # Written to the descriptor: the handler may run while this thread is inside a write to sys.stderr.
+        os.write(2, (f"uform: {signal.Signals(number).name}: stopping after the step in flight, which is then saved; "
+                     "a second signal stops at once, saving neither it nor any step since the last checkpoint\n").encode())
         if self.meeting:
             uform.Mesh.abandon()
-
-    def _at_once(self, number: int) -> None:
-        complete = checkpoints_in(self.saved_in)
-        then = (f"{self.again} resumes from {complete[-1][1]}" if complete
-                else f"nothing saved yet; {self.again} starts over")
-        # Written to the descriptor: the handler may run while this thread is inside a write to sys.stderr.
-        os.write(2, (f"uform: stopped at once by a second signal, {signal.Signals(number).name}, without saving the "
-                     f"step in progress or any since the last checkpoint; {then}\n").encode())
-        # Ended by the signal itself, as an unhandled one ends a process: the shell sees 128 + its number.
-        signal.signal(number, signal.SIG_DFL)
-        os.kill(os.getpid(), number)
 
     def restore(self) -> None:
         for number, handler in self._previous.items():
@@ -711,7 +703,7 @@ def _train(config_path: str, index: int) -> int:
         print(f"uform: {source} {done}; raise trainer.schedule.steps above {step} to train on")
         return 0
     # SIGINT and SIGTERM from here on stop the run cleanly, even before its first step.
-    stop = _Stop(_rerun(config), saved_in)
+    stop = _Stop()
     try:
         # The stream first: it checks the schema before the trainer is built, then reads ahead while it is.
         with Stream(config.data, trainer_config, process_index=index, process_count=count, cursor=cursor) as stream, \
