@@ -286,10 +286,10 @@ def test_missing_extra_and_duplicate_tensors(cpu, good, tmp_path):
 
 def test_values_that_no_run_saves(cpu, good, tmp_path):
     path = tmp_path / "values.safetensors"
-    for name, value, message in (("blocks.0.qkv", np.nan, r"holds nan in blocks\.0\.qkv at element 5; values are finite"),
+    for name, value, message in (("blocks.0.qkv", np.nan, r"holds nan in blocks\.0\.qkv at element 5; values must be finite"),
                                  ("adamw.first.text.decoder", np.inf, r"holds inf in adamw\.first\.text\.decoder at element 5"),
                                  ("adamw.second.final_norm", -1.0,
-                                  r"holds -1 in adamw\.second\.final_norm at element 5; second moments are finite and not negative")):
+                                  r"holds -1 in adamw\.second\.final_norm at element 5; second moments must be finite and not negative")):
         checkpoint = Checkpoint(good)
         values = np.frombuffer(checkpoint.tensors[name][2], np.float32).copy()
         values[5] = value

@@ -484,8 +484,8 @@ def test_a_second_signal_stops_at_once_as_the_first_said(tmp_path):
                            timeout=60)
     assert ended.returncode == -signal.SIGINT, ended
     assert ended.stdout == "SIGTERM\n"
-    assert ended.stderr == ("uform: SIGTERM: stopping after the step in flight, which is then saved; a second signal "
-                            "stops at once, saving neither it nor any step since the last checkpoint\n"), ended.stderr
+    assert ended.stderr == ("uform: SIGTERM: stopping after the step in flight; a second signal stops at once, "
+                            "without saving what the first would\n"), ended.stderr
 
 
 def test_a_checkpoint_without_a_cursor_is_refused_and_an_older_versions_cursor_beside_it_read(run, tmp_path, capsys):
@@ -788,6 +788,10 @@ def test_options_and_run_fields_are_named_as_the_user_gave_them(run, tmp_path, c
         assert cli.main(embedding + options) == 1, options
         assert re.search(message, capsys.readouterr().err.rstrip("\n")), message
     assert not os.path.exists(output)
+    unknown = str(tmp_path / "held-out.txt")
+    os.link(source, unknown)
+    assert cli.main(["embed", checkpoint, unknown, output, "--column", "question", "--device", "cpu"]) == 1
+    assert capsys.readouterr().err.endswith("and is no folder; name its layout with --format\n")
     assert cli.main(embedding + ["--chunk", "5"]) == 0  # 12 records: two whole chunks and a part
     assert np.load(output).shape == (12, 128)
 
@@ -1131,3 +1135,42 @@ def test_a_run_of_no_steps_is_refused_by_name(run, tmp_path, capsys):
     assert cli.main(["train", run("none", steps=0)]) == 1
     assert "trainer.schedule.steps: 0; a run takes at least one step" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "none").exists()
+
+
+def test_mistakes_an_outside_try_made_are_refused_before_any_step(run, tmp_path, capsys):
+    """A contrastive term with nothing to attract, an empty run folder, a file where the checkpoints go: each
+    refused, named, before a step is spent; [evaluation]'s columns taken from [data] say so."""
+    one = {'answer = "text"\n': "", '[evaluation]\npaths = ["held-out.jsonl"]\nevery_steps = 4\n': ""}
+    with pytest.raises(uform.InvalidArgument, match=r"^data\.columns: 'question' alone: the joint objective's "
+                                                    r"contrastive term .* set trainer\.objective = \"masked\"$"):
+        cli.load_config(run("one", **one))
+    masked = cli.load_config(run("masked", **one, **{'objective = "joint"': 'objective = "masked"'}))
+    assert list(masked.data.columns) == ["question"]
+    with pytest.raises(uform.InvalidArgument, match=r"got 1, taken from \[data\]'s as it gives none$"):
+        cli.load_config(run("masked", **{'answer = "text"\n': "", 'objective = "joint"': 'objective = "masked"'}))
+    with pytest.raises(uform.InvalidArgument, match=r"^run\.folder: empty; leave it out for runs/empty beside"):
+        cli.load_config(run("empty", **{"[run]": '[run]\nfolder = ""'}))
+
+    config = run("filed", **{"[run]": '[run]\ndevice = "cpu"'})
+    (tmp_path / "runs" / "filed").mkdir(parents=True)
+    (tmp_path / "runs" / "filed" / "checkpoints").write_text("")
+    assert cli.main(["train", config]) == 1
+    folder = tmp_path / "runs" / "filed"
+    assert capsys.readouterr().err == (f"uform train: run.folder: {folder}: a file, not a folder, stands at "
+                                       f"{folder / 'checkpoints'}; move it, or name another run.folder\n")
+    assert not (folder / "log.jsonl").exists()  # no step taken
+
+
+def test_a_resume_the_run_folder_passes_over_is_said(run, tmp_path, capsys):
+    config = run(steps=3)
+    assert cli.main(["train", config]) == 0
+    older = tmp_path / "runs" / "pairs" / "checkpoints" / "step-000000003.safetensors"
+    capsys.readouterr()
+    assert cli.main(["train", run(steps=4, **{"seed = 3": f'seed = 3\nresume = "{older}"'})]) == 0
+    assert (f"uform: trainer.resume {older} is passed over: {tmp_path / 'runs' / 'pairs'} holds checkpoints, and a run "
+            f"resumes from its newest, {older}") not in capsys.readouterr().err  # the newest itself: nothing to say
+    newest = tmp_path / "runs" / "pairs" / "checkpoints" / "step-000000004.safetensors"
+    assert cli.main(["train", run(steps=5, **{"seed = 3": f'seed = 3\nresume = "{older}"'})]) == 0
+    assert (f"uform: trainer.resume {older} is passed over: {tmp_path / 'runs' / 'pairs'} holds checkpoints, and a run "
+            f"resumes from its newest, {newest}; to resume from it, move the checkpoints after it out of "
+            f"{newest.parent}\n") in capsys.readouterr().err

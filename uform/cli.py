@@ -213,19 +213,28 @@ def load_config(path: str) -> TrainConfig:
         trainer["resume"] = owned(trainer["resume"])
     data = normalize_dataset(sections["data"])
     data.paths = [resolve(entry) for entry in data.paths]
+    objective = str(trainer.get("objective", "")).lower()
+    if len(data.columns) < 2 and objective in ("contrastive", "joint"):
+        (name,) = data.columns
+        raise InvalidArgument(f"data.columns: {name!r} alone: the {objective} objective's contrastive term attracts the "
+                              "items of one record, so each record needs two columns or more (a query's and its "
+                              "target's, a caption's and its image's); with one, set trainer.objective = \"masked\"")
     evaluation = None
     if "evaluation" in sections:
         evaluation = _plain_section(Evaluation, sections["evaluation"], "evaluation")
         columns = _evaluation_columns(evaluation.columns, data)
         checked = normalize_dataset(dict(paths=evaluation.paths, columns=columns, format=evaluation.format), "evaluation")
         if len(checked.columns) != 2:
+            given = "" if evaluation.columns is not None else ", taken from [data]'s as it gives none"
             raise InvalidArgument(f"evaluation.columns: retrieval needs two columns, a query's and its target's; "
-                                  f"got {len(checked.columns)}")
+                                  f"got {len(checked.columns)}{given}")
         evaluation.paths, evaluation.columns = [resolve(entry) for entry in checked.paths], checked.columns
     run = _plain_section(Run, sections.get("run", {}), "run")
     if run.device not in ("auto", "gpu", "cpu"):
         raise InvalidArgument(f"run.device: {run.device!r} is not one of 'auto', 'gpu', 'cpu'")
     stem = os.path.splitext(os.path.basename(path))[0]
+    if run.folder is not None and not run.folder.strip():
+        raise InvalidArgument(f"run.folder: empty; leave it out for runs/{stem} beside the config, or name a folder")
     run.folder = owned(run.folder) if run.folder is not None else os.path.join(here, "runs", stem)
     if evaluation is not None and evaluation.max_records < 2:
         raise InvalidArgument(f"evaluation.max_records: {evaluation.max_records}; retrieval needs at least two records")
@@ -241,6 +250,8 @@ def load_config(path: str) -> TrainConfig:
     if not mesh.job or "/" in mesh.job or mesh.job in (".", "..") or len(mesh.job.encode()) > 200:
         raise InvalidArgument(f"mesh.job: {mesh.job!r} is not one folder name (no '/', not '.' or '..', at most "
                               "200 bytes)")
+    if mesh.directory is not None and not mesh.directory.strip():
+        raise InvalidArgument("mesh.directory: empty; leave it out for the run folder's mesh/, or name a folder")
     mesh.directory = owned(mesh.directory) if mesh.directory is not None else os.path.join(run.folder, "mesh")
     return TrainConfig(path, run, trainer, data, evaluation, checkpoints, mesh)
 
@@ -564,8 +575,9 @@ class _Stop:
         for either in self._previous:
             signal.signal(either, signal.SIG_DFL)
         # Written to the descriptor: the handler may run while this thread is inside a write to sys.stderr.
-        os.write(2, (f"uform: {signal.Signals(number).name}: stopping after the step in flight, which is then saved; "
-                     "a second signal stops at once, saving neither it nor any step since the last checkpoint\n").encode())
+        # On a terminal, on a line of its own: the progress bar's line has no end yet.
+        os.write(2, (("\n" if os.isatty(2) else "") + f"uform: {signal.Signals(number).name}: stopping after the step "
+                     "in flight; a second signal stops at once, without saving what the first would\n").encode())
         if self.meeting:
             uform.Mesh.abandon()
 
@@ -680,13 +692,20 @@ def _train(config_path: str, index: int) -> int:
                     f"{common}) {'is' if len(listed) == 1 else 'are'} not the files step {step} was read from (below "
                     f"{written.get('data')}): a run resumes over the "
                     "same files, by name below their folder, size and order, moved or not; to train on other data, "
-                    f"start a new run from {latest} with [trainer] resume, whose data starts over")
+                    f"start a new run from {latest}: in a new run.folder, with [trainer] resume, its data starts over")
             if files and kept:
                 these = "the shard" if len(listed) == 1 else f"the {len(listed)} shards"
                 print(f"uform: data.paths: {these} read from {written.get('data')} {'is' if len(listed) == 1 else 'are'} "
                       f"in {common} now, of the same size{'s' if len(listed) != 1 else ''}; the stream resumes there",
                       file=sys.stderr)
                 cursor["shards"] = listed
+        given = trainer_config.get("resume")
+        if given and os.path.abspath(given) != os.path.abspath(latest):
+            how = (f"to resume from it, move the checkpoints after it out of {saved_in}"
+                   if os.path.dirname(os.path.abspath(given)) == os.path.abspath(saved_in)
+                   else "to start another run from it, give that run a new run.folder")
+            print(f"uform: trainer.resume {given} is passed over: {folder} holds checkpoints, and a run resumes from "
+                  f"its newest, {latest}; {how}", file=sys.stderr)
         trainer_config["resume"] = latest
     elif trainer_config.get("resume"):
         if not os.path.isfile(trainer_config["resume"]):
@@ -718,6 +737,8 @@ def _train(config_path: str, index: int) -> int:
                 stream.decode_ahead(trainer.decode)
                 try:
                     _made(folder)  # only now that the library took the config too
+                    if not index:  # host domain 0 saves: a checkpoints folder it cannot make fails now, not after steps
+                        _made(saved_in, folder)
                     with _held(folder) if count == 1 else contextlib.nullcontext():
                         return _train_loop(config, trainer, executor, stream, held_out, step, steps,
                                            trainer_config.get("resume"), cursor, stop, mesh)
@@ -749,11 +770,12 @@ def evaluated_steps(folder: str) -> set:
     return found
 
 
-def _made(folder: str) -> None:
+def _made(folder: str, within: Optional[str] = None) -> None:
+    """Makes `folder`, the run folder or one `within` it, refused as the run folder's failure."""
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as error:
-        raise _unusable_folder(folder, error) from None
+        raise _unusable_folder(within or folder, error) from None
 
 
 @contextlib.contextmanager
@@ -849,6 +871,9 @@ class _Stopped(Exception):
 
 def _unusable_folder(folder: str, error: OSError) -> InvalidArgument:
     """`error`, met making or writing into the run folder, named as the config field that gave it."""
+    if isinstance(error, FileExistsError):  # a file stands where a folder of the run goes
+        return InvalidArgument(f"run.folder: {folder}: a file, not a folder, stands at {error.filename or folder}; "
+                               "move it, or name another run.folder")
     where = f" ({error.filename})" if error.filename and error.filename != folder else ""
     return InvalidArgument(f"run.folder: {folder}: {error.strerror or error}{where}")
 
@@ -1095,7 +1120,8 @@ def _column_modality(column: str) -> Modality:
 
 
 # The data layer names what it reads as `uform train`'s config does; `uform embed` takes it as arguments.
-_EMBED_NAMES = ((re.compile(r"^data\.paths(\[0\])?: "), "INPUT: "), (re.compile(r"^data\.format: "), "--format: "))
+_EMBED_NAMES = ((re.compile(r"^data\.paths(\[0\])?: "), "INPUT: "), (re.compile(r"^data\.format: "), "--format: "),
+                (re.compile(r"\bin data\.format\b"), "with --format"))
 
 
 def embed(*args: Any) -> int:

@@ -909,7 +909,7 @@ static uform_status_t uform_tensor_read(FILE* file, uform_header_t const* header
     for (size_t k = 0; k != count; ++k)
         if (!isfinite(values[k]) || (family == 2 && values[k] < 0))
             return UFORM_BAD("%s: %s holds %g in %s at element %zu; %s", what, path, uform_printed(values[k]), name, k,
-                             family == 2 ? "second moments are finite and not negative" : "values are finite");
+                             family == 2 ? "second moments must be finite and not negative" : "values must be finite");
     return uform_status_success_k;
 }
 
