@@ -257,10 +257,10 @@ def test_absent_and_none_fields_derive():
     "config, message",
     [
         (tiny_config(batch=dict(max_rowz=4)), "config.batch.max_rowz: unknown field"),
-        (tiny_config(depht=1), "config.depht: unknown field"),
-        (tiny_config(schedule=dict(steps=10, warmup=3)), "config.schedule.warmup: unknown field"),
-        (tiny_config(batch=dict(image=dict(patch=16))), "config.batch.image.patch: unknown field"),
-        (tiny_config(contrastive=dict(negative="named")), "config.contrastive.negative: unknown field"),
+        (tiny_config(depht=1), "config.depht: unknown field (did you mean depth?)"),
+        (tiny_config(schedule=dict(steps=10, warmup=3)), "config.schedule.warmup: unknown field (did you mean warmup_steps?)"),
+        (tiny_config(batch=dict(image=dict(patch=16))), "config.batch.image.patch: unknown field (did you mean patch_side?)"),
+        (tiny_config(contrastive=dict(negative="named")), "config.contrastive.negative: unknown field (did you mean negatives?)"),
     ],
 )
 def test_unknown_keys_name_their_full_path(cpu, config, message):
@@ -336,7 +336,7 @@ def test_step_config_dict_and_dataclass(trainer):
     assert by_dict.embeddings.scalar is Scalar.F16
     by_class = trainer.step(pair_batch(), TrainerStepConfig(arena=arena, outputs_scalar=Scalar.I8))
     assert by_class.embeddings.scalar is Scalar.I8
-    with pytest.raises(uform.InvalidArgument, match=r"^config\.arenna: unknown field$"):
+    with pytest.raises(uform.InvalidArgument, match=r"^config\.arenna: unknown field \(did you mean arena\?\)$"):
         trainer.step(pair_batch(), dict(arenna=arena))
     with pytest.raises(uform.InvalidArgument, match=r"^config\.arena: expected a uform\.Arena"):
         trainer.step(pair_batch(), dict(arena=bytearray(1024)))

@@ -1174,3 +1174,23 @@ def test_a_resume_the_run_folder_passes_over_is_said(run, tmp_path, capsys):
     assert (f"uform: trainer.resume {older} is passed over: {tmp_path / 'runs' / 'pairs'} holds checkpoints, and a run "
             f"resumes from its newest, {newest}; to resume from it, move the checkpoints after it out of "
             f"{newest.parent}\n") in capsys.readouterr().err
+
+
+def test_a_plain_resume_and_held_out_bad_records_are_said(run, tmp_path, capsys):
+    held_out = tmp_path / "held-out.jsonl"
+    lines = held_out.read_text().splitlines(keepends=True)
+    held_out.write_text(lines[0] + '{"question": "q", "answer": ""}\n' + "".join(lines[1:]))  # left out of evaluations
+    config = run(steps=4)
+    assert cli.main(["train", config]) == 0
+    err = capsys.readouterr().err
+    assert (f"uform: evaluation.paths: 1 bad record left out of the evaluation, the first: {held_out}:line 2: "
+            "'answer' is empty (all in log.jsonl)\n") in err
+    assert "resuming" not in err
+    saved_in = tmp_path / "runs" / "pairs" / "checkpoints"
+    os.remove(saved_in / "step-000000004.safetensors")  # as if the run had stopped after step 3
+    assert cli.main(["train", config]) == 0
+    assert f"uform: resuming {saved_in / 'step-000000003.safetensors'}\n" in capsys.readouterr().err
+    os.remove(saved_in / "step-000000004.safetensors")
+    assert cli.main(["train", run(steps=5)]) == 0
+    assert (f"uform: resuming {saved_in / 'step-000000003.safetensors'} with trainer.schedule.steps = 5 (was 4)\n"
+            in capsys.readouterr().err)

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _native
 from .config import LateInteractionSide, Modality, article, enum_member, float32_array, unsigned_array
-from .errors import InvalidArgument
+from .errors import InvalidArgument, unknown_field
 
 __all__ = ["Tape", "Edges", "TrainerBatch"]
 
@@ -232,7 +232,7 @@ def _fields(value: Any, kind: type, names: set, path: str) -> Mapping:
     if isinstance(value, Mapping):
         for key in value:
             if key not in names:
-                raise InvalidArgument(f"{path}.{key}: unknown field")
+                raise unknown_field(path, key, names)
         return value
     raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
 
@@ -314,7 +314,7 @@ def normalize_batch(batch: Any, path: str = "batch") -> dict:
         raise InvalidArgument(f"{path}.relations: expected a dict of attract, repel and ignore edges")
     for key in relations or ():
         if key not in _RELATIONS:
-            raise InvalidArgument(f"{path}.relations.{key}: unknown field")
+            raise unknown_field(f"{path}.relations", key, _RELATIONS)
     for name in _RELATIONS:
         normalized[name] = _edges((relations or {}).get(name), items, f"{path}.relations.{name}")
     return normalized

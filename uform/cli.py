@@ -39,7 +39,7 @@ from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards
 from .data.dataset import check_columns, refused_item
 from .data.readers import columns_of_first_record
 from .data.stream import CURSOR_KEYS, UnusableEpochs
-from .errors import Error, InvalidArgument, PeerError, Unsupported
+from .errors import Error, InvalidArgument, PeerError, Unsupported, unknown_field
 from .logs import RunLog
 
 try:
@@ -135,7 +135,7 @@ def _plain_section(kind: type, value: Any, path: str) -> Any:
     names = {f.name: f for f in dataclasses.fields(kind)}
     for key in value:
         if key not in names:
-            raise InvalidArgument(f"{path}.{key}: unknown field")
+            raise unknown_field(path, key, names)
     given = {}
     for name, f in names.items():
         if value.get(name) is not None:
@@ -889,14 +889,18 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     except OSError as error:  # a folder that exists but takes no files
         raise _unusable_folder(config.run.folder, error) from None
     changed = resume_changes(resumed, config.trainer) if resumed else {}
-    if changed:  # allowed, as raising `steps` is; said, so that no change goes unnoticed
-        print(f"uform: resuming {resumed} with " + ", ".join(f"{name} = {now} (was {was})"
-                                                            for name, (was, now) in changed.items()), file=sys.stderr)
+    if resumed:  # a change is allowed, as raising `steps` is; said, so that none goes unnoticed
+        print(f"uform: resuming {resumed}" + (" with " if changed else "") + ", ".join(
+            f"{name} = {now} (was {was})" for name, (was, now) in changed.items()), file=sys.stderr)
     log.write(dict(step=step, started=os.path.abspath(config.path), device=executor.kind, resumed=resumed,
                    **(dict(changed=changed) if changed else {}),
                    **(dict(host_domain=index, host_domains=mesh.host_domain_count) if mesh is not None else {})))
     if held_out and held_out.bad_records:
         log.write(dict(step=step, held_out_bad_records=held_out.bad_records))
+        if not index:  # the recall printed later is over the records left
+            count = len(held_out.bad_records)
+            print(f"uform: evaluation.paths: {count} bad record{'s' if count != 1 else ''} left out of the evaluation, "
+                  f"the first: {held_out.bad_records[0]} (all in log.jsonl)", file=sys.stderr)
     unusable = UnusableEpochs([path for path, _ in stream.shards], cursor)
     saved_step, saved_time, cursor, bad = step, time.monotonic(), None, 0
     evaluated_step = None

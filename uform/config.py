@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from . import _native
-from .errors import InvalidArgument
+from .errors import InvalidArgument, unknown_field
 from .outputs import Arena, Scalar
 
 __all__ = [
@@ -358,7 +358,7 @@ def normalize(kind: type, value: Any, path: str) -> dict:
         names = {f.name for f in fields}
         for key in value:
             if key not in names:
-                raise InvalidArgument(f"{path}.{key}: unknown field")
+                raise unknown_field(path, key, names)
         given = value
     else:
         raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")

@@ -4,6 +4,9 @@ The C library answers every failure with a status code and a message naming the 
 at fault; the binding raises the class below that matches the status, with that message as text.
 """
 
+import difflib
+from typing import Any, Iterable
+
 __all__ = [
     "Error",
     "InvalidArgument",
@@ -66,3 +69,10 @@ for _error in (Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, Busy, U
                DeviceError, PeerError):
     _error.__module__ = "uform"  # tracebacks show `uform.InvalidArgument`, where users import it from
 del _error
+
+
+def unknown_field(path: str, key: Any, names: Iterable[str]) -> InvalidArgument:
+    """`path.key` refused as no field of `names`, with the one it misspells or begins where there is one."""
+    near = [name for name in names if name.startswith(str(key))] or difflib.get_close_matches(str(key), list(names),
+                                                                                               n=1, cutoff=0.75)
+    return InvalidArgument(f"{path}.{key}: unknown field" + (f" (did you mean {near[0]}?)" if near else ""))

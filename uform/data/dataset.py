@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import Modality, enum_member, unsigned
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, unknown_field
 from .readers import FORMATS, READERS, columns_of_first_record, media_kind, pick, read_media, shard_format
 
 
@@ -60,7 +60,7 @@ def normalize_dataset(value: Any, path: str = "data") -> Dataset:
         names = {f.name for f in fields(Dataset)}
         for key in value:
             if key not in names:
-                raise InvalidArgument(f"{path}.{key}: unknown field")
+                raise unknown_field(path, key, names)
         given = dict(value)
     else:
         raise InvalidArgument(f"{path}: expected a uform.data.Dataset or a dict, got {type(value).__name__}")
