@@ -1,9 +1,9 @@
 """One reader per file layout: each turns one shard (a file or a folder) into records, in file order.
 
-A record is `(key, values)`: `key` names it inside its shard, as messages show it (`line 13` of a JSONL
-or CSV file, counted from one as editors count; `row 12 (the 13th)` of a Parquet file, whose rows are
-numbered from zero; a sample's key in a tar file or a folder) and `values` maps each column the dataset asks for to what the shard
-holds. Text columns arrive as `str`; media columns as `bytes`, a path (`str`, from a table, resolved
+A record is `(key, values)`: `key` names it inside its shard, as messages show it (`line 13` of a
+JSONL or CSV file, counted from one as editors count; `row 12 (the 13th)` of a Parquet file, whose
+rows are numbered from zero; a sample's key in a tar file or a folder) and `values` maps each column
+the dataset asks for to what the shard holds. Text columns arrive as `str`; media columns as `bytes`, a path (`str`, from a table, resolved
 against the table's folder), or a `FileSlice` read only when its batch is assembled, so a process
 never reads the pictures of the records other processes train on. Every reader can start at a
 record number, which is how a resumed stream continues mid-shard without replaying what came before.
