@@ -1194,3 +1194,12 @@ def test_a_plain_resume_and_held_out_bad_records_are_said(run, tmp_path, capsys)
     assert cli.main(["train", run(steps=5)]) == 0
     assert (f"uform: resuming {saved_in / 'step-000000003.safetensors'} with trainer.schedule.steps = 5 (was 4)\n"
             in capsys.readouterr().err)
+
+
+def test_bad_records_met_each_epoch_are_counted_once_as_distinct(run, tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "q", "answer": ""}\n' + data.read_text() + '{"question": "", "answer": "a"}\n')
+    assert cli.main(["train", run(steps=20)]) == 0  # 160 rows of 60 records: the two bad ones met in three epochs
+    out = capsys.readouterr().out
+    skipped = re.search(r"; (\d+) bad records skipped \(2 distinct, met again in later epochs\)\n$", out)
+    assert skipped and int(skipped.group(1)) > 2, out

@@ -903,6 +903,7 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                   f"the first: {held_out.bad_records[0]} (all in log.jsonl)", file=sys.stderr)
     unusable = UnusableEpochs([path for path, _ in stream.shards], cursor)
     saved_step, saved_time, cursor, bad = step, time.monotonic(), None, 0
+    distinct = set()  # each bad record once, though every epoch meets it again
     evaluated_step = None
     bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=True if index else None)
     # One step stays in flight while the next batch is read and begun, so a GPU goes from one step to the next;
@@ -954,6 +955,7 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                 log.write(dict(step=ahead, refused_batch=refused, locations=batch.locations))
                 reasons.append(f"the batch of {batch.locations[0]} and {len(batch.locations) - 1} more: {refused}")
             bad += len(batch.bad_records) + (len(batch.locations) if refused is not None else 0)
+            distinct.update(batch.bad_records + (batch.locations if refused is not None else []))
             unusable.note(cursor, deferred is not None, bad - bad_before, reasons)
             if deferred is None:
                 continue
@@ -986,8 +988,8 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     finally:
         bar.close()
     with log:
-        return _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad,
-                       mesh)
+        return _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step,
+                       (bad, len(distinct)), mesh)
 
 
 def _flags(mesh: uform.Mesh, mine: bytes) -> List[bytes]:
@@ -1067,7 +1069,9 @@ def _refused(config, trainer, log, error, step, cursor, saved_step, mesh) -> Bad
 def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_step, evaluated_step, bad,
             mesh=None) -> int:
     """Saves what the last checkpoint lacks; then reports a stop, or evaluates the end of the run. A stop
-    before the first step saves nothing: a checkpoint of step 0 would hold only what a new start makes."""
+    before the first step saves nothing: a checkpoint of step 0 would hold only what a new start makes. `bad`: the
+    records skipped, and how many distinct ones they were."""
+    bad, distinct = bad
     saved_in, index = os.path.join(config.run.folder, "checkpoints"), mesh.host_domain_index if mesh else 0
     if cursor is not None and step != saved_step and not index:  # host domain 0 writes for all
         save_checkpoint(trainer, saved_in, step, cursor, config.checkpoints.keep)
@@ -1088,7 +1092,10 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
     if held_out and evaluated_step != step:
         _evaluate(trainer, executor, config, held_out, log, step, mesh)
     written = f"host domain 0 writes the checkpoints in {saved_in}" if index else f"checkpoints in {saved_in}"
-    print(f"uform: trained to step {step}; {written}, log in {log.path}" + (f"; {bad} bad record{'s' if bad != 1 else ''} skipped" if bad else ""))
+    skipped = f"; {bad} bad record{'s' if bad != 1 else ''} skipped" if bad else ""
+    if distinct < bad:
+        skipped += f" ({distinct} distinct, met again in later epochs)"
+    print(f"uform: trained to step {step}; {written}, log in {log.path}{skipped}")
     return 0
 
 
