@@ -1203,3 +1203,12 @@ def test_bad_records_met_each_epoch_are_counted_once_as_distinct(run, tmp_path, 
     out = capsys.readouterr().out
     skipped = re.search(r"; (\d+) bad records skipped \(2 distinct, met again in later epochs\)\n$", out)
     assert skipped and int(skipped.group(1)) > 2, out
+
+
+def test_a_finished_run_still_checks_its_data_columns(run, tmp_path, capsys):
+    assert cli.main(["train", run(steps=3)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", run(steps=3, **{'answer = "text"': 'answer = "text"\nzz = "text"'})]) == 1
+    assert "data.columns.zz: " in capsys.readouterr().err
+    assert cli.main(["train", run(steps=3)]) == 0
+    assert "already took its 3 steps" in capsys.readouterr().out

@@ -716,6 +716,7 @@ def _train(config_path: str, index: int) -> int:
         print(f"uform: {folder} is at step {step}, done training, but its log holds no evaluation of that step (the "
               "run stopped before it); evaluating it now", file=sys.stderr)
     elif step >= steps:
+        check_schema(config.data, list_shards(config.data))  # a run with nothing to train still checks its config
         source = folder if complete else f"trainer.resume {trainer_config['resume']}"
         done = (f"already took its {steps} steps" if step == steps
                 else f"is at step {step}, past the {steps} steps its config asks for")
