@@ -1212,3 +1212,13 @@ def test_a_finished_run_still_checks_its_data_columns(run, tmp_path, capsys):
     assert "data.columns.zz: " in capsys.readouterr().err
     assert cli.main(["train", run(steps=3)]) == 0
     assert "already took its 3 steps" in capsys.readouterr().out
+
+
+def test_a_shard_edited_in_place_is_said_when_the_run_resumes(run, tmp_path, capsys):
+    config = run(steps=3)
+    assert cli.main(["train", config]) == 0
+    with open(tmp_path / "train.jsonl", "a") as data:
+        data.write('{"question": "a new one", "answer": "added"}\n')
+    capsys.readouterr()
+    assert cli.main(["train", run(steps=4)]) == 0
+    assert "uform: data.paths: a shard's size changed since step 3 was saved" in capsys.readouterr().err

@@ -678,14 +678,18 @@ def _train(config_path: str, index: int) -> int:
                                   f"beside it), so its data cannot continue where it stopped; move it out of {saved_in} "
                                   f"to resume from the one before it, or start a new run from it with [trainer] resume")
         listed = [path for path, _ in list_shards(config.data)]
+        written = None
+        common, files = shard_files(listed)
+        with contextlib.suppress(ValueError):  # an older version's cursor beside a note of another kind
+            written = json.loads(note or "{}")
+        kept = written.get("files") if isinstance(written, dict) else None  # none: the stream names what differs
         if cursor.get("shards") == shards_digest(listed):  # the stream checks the list itself
             cursor["shards"] = listed
+            if files and kept and kept != files:  # allowed: a refused record is mended in place
+                print(f"uform: data.paths: a shard's size changed since step {step} was saved (a record mended or "
+                      "added in place?); the stream resumes at the same record numbers, so a record added or removed "
+                      "before where it stopped shifts what it reads next", file=sys.stderr)
         else:  # the same files, moved to another folder or mount, resume there
-            written = None
-            common, files = shard_files(listed)
-            with contextlib.suppress(ValueError):  # an older version's cursor beside a note of another kind
-                written = json.loads(note or "{}")
-            kept = written.get("files") if isinstance(written, dict) else None  # none: the stream names what differs
             if files and kept and kept != files:
                 raise InvalidArgument(
                     f"data.paths: {'the shard' if len(listed) == 1 else f'the {len(listed)} shards'} listed now (below "
