@@ -863,13 +863,6 @@ def _agreed(mesh: uform.Mesh, config: TrainConfig, shards: int) -> None:
                                       "every process of a mesh trains one run from one config")
 
 
-def _rerun(config: TrainConfig) -> str:
-    """The command that resumes the run."""
-    if config.mesh.host_domain_count > 1:
-        return f"`uform train {config.path} --host-domain-index I` on every process"
-    return f"`uform train {config.path}`"
-
-
 class _Stopped(Exception):
     """A signal ended the wait for a mesh's peers, before any step."""
 
@@ -1084,7 +1077,8 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
         name = signal.Signals(stop.signal).name
         log.write(dict(step=step, stopped=name))
         complete = checkpoints_in(saved_in)
-        again = _rerun(config)
+        again = (f"`uform train {config.path} --host-domain-index I` on every process"
+                 if mesh is not None and mesh.host_domain_count > 1 else f"`uform train {config.path}`")
         last = held_out is not None and evaluated_step != step and step >= config.trainer["schedule"]["steps"]
         verb = "evaluates it" if last else "resumes"
         if index and cursor is not None:  # host domain 0 saves this step, perhaps still

@@ -73,6 +73,7 @@ del _error
 
 def unknown_field(path: str, key: Any, names: Iterable[str]) -> InvalidArgument:
     """`path.key` refused as no field of `names`, with the one it misspells or begins where there is one."""
-    near = [name for name in names if name.startswith(str(key))] or difflib.get_close_matches(str(key), list(names),
-                                                                                               n=1, cutoff=0.75)
+    names = sorted(names)  # the same suggestion run to run, whatever the order of a set of names
+    near = [name for name in names if name.startswith(str(key))] or difflib.get_close_matches(str(key), names, n=1,
+                                                                                               cutoff=0.75)
     return InvalidArgument(f"{path}.{key}: unknown field" + (f" (did you mean {near[0]}?)" if near else ""))
