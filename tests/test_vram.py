@@ -67,11 +67,14 @@ def test_matmul(rng, m, n, k, a_transposed, b_transposed):
         close(gpu, cpu, F32 if kwargs.get("float_output") else BF16)
 
 
-@pytest.mark.parametrize("m, hidden, wide", [(300, 128, 512), (1000, 72, 520), (129, 512, 2048)])
-def test_matmul_gelu_fusions(rng, m, hidden, wide):
-    """The GELU pair against the CPU's unfused operations, on whole and partial tiles. What `up` holds
-    between the two is the backend's own (the sum before GELU, or GELU's slope there): only the
-    pair's results are compared."""
+@pytest.mark.parametrize("hopper", ["1", "0"])
+@pytest.mark.parametrize("m, hidden, wide", [(300, 128, 512), (1000, 72, 520), (129, 512, 2048), (70, 64, 100)])
+def test_matmul_gelu_fusions(rng, monkeypatch, hopper, m, hidden, wide):
+    """The GELU pair against the CPU's unfused operations, on whole and partial tiles, by the library's
+    Hopper kernels where they run and by cuBLASLt's epilogues (everywhere with UFORM_HOPPER_PRODUCTS=0,
+    and for a width of 100, which the Hopper kernels do not take). What `up` holds between the two is
+    the backend's own (the sum before GELU, or GELU's slope there): only the pair's results are compared."""
+    monkeypatch.setenv("UFORM_HOPPER_PRODUCTS", hopper)
     a, d = act(rng, m, hidden), act(rng, m, hidden)
     w_up, w_down = act(rng, wide, hidden, scale=hidden**-0.5), act(rng, hidden, wide, scale=wide**-0.5)
     before = testing.matmul(a, w_up, b_transposed=True, backend="ram")
@@ -187,8 +190,14 @@ def test_late_interaction(rng, form):
     assert np.array_equal(again[1], gpu_d_vectors)
 
 
-@pytest.mark.parametrize("lengths", [[512] * 8, [1, 511, 64, 3, 200], [37]])
-def test_attention(rng, lengths):
+@pytest.fixture(params=["1", "0"], ids=["own", "cudnn"])
+def attention(request, monkeypatch):
+    """On Hopper, the library's own attention kernels, and cuDNN's (UFORM_HOPPER_ATTENTION=0); elsewhere cuDNN's twice."""
+    monkeypatch.setenv("UFORM_HOPPER_ATTENTION", request.param)
+
+
+@pytest.mark.parametrize("lengths", [[512] * 8, [1, 511, 64, 3, 200], [37], [700, 129, 128]])
+def test_attention(rng, attention, lengths):
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     segments, tokens, hidden = list(zip(starts, lengths)), sum(lengths), 256
     qkv = act(rng, tokens, 3 * hidden, scale=1.5)
@@ -202,7 +211,7 @@ def test_attention(rng, lengths):
     assert np.array_equal(again, gpu_d)  # the deterministic backward
 
 
-def test_attention_leaves_gaps_zero(rng):
+def test_attention_leaves_gaps_zero(rng, attention):
     segments, tokens, hidden = [(0, 4), (4, 1), (5, 3)], 9, 128  # token 8 belongs to no item
     qkv, d_out = act(rng, tokens, 3 * hidden), act(rng, tokens, hidden)
     out, statistics = testing.attention_forward(qkv, segments, backend="vram")

@@ -40,6 +40,7 @@ struct uform_vram_attention_graphs_t {
 };
 
 struct uform_vram_attention_t {
+    void* hopper = nullptr; /* the library's own kernels run (`uform_vram_hopper_attention`): cuDNN is not used */
     cudnnHandle_t handle = nullptr;
     std::map<size_t, uform_vram_attention_graphs_t> graphs; /* by number of items */
     void* workspace = nullptr; /* cuDNN's, within the planned scratch, unless a graph asks for more */
@@ -181,13 +182,17 @@ uform_status_t uform_vram_attention_build(uform_vram_context_t* context, uform_v
     return uform_status_success_k;
 }
 
-uform_status_t uform_vram_attention_prepare(uform_vram_context_t* context, uform_items_t const* items, size_t hidden,
-                                            uform_vram_attention_graphs_t** graphs) {
-    uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
+uform_status_t uform_vram_attention_planned(uform_vram_context_t* context, uform_items_t const* items) {
     if (items->count > context->plan.segments || items->longest > context->plan.columns)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k,
                                "attention: %zu items up to %zu tokens long exceed the plan of %zu items of %zu",
                                items->count, items->longest, context->plan.segments, context->plan.columns);
+    return uform_status_success_k;
+}
+
+uform_status_t uform_vram_attention_prepare(uform_vram_context_t* context, uform_items_t const* items, size_t hidden,
+                                            uform_vram_attention_graphs_t** graphs) {
+    uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
     uform_status_t status = uform_vram_attention_build(context, state, items->count, graphs);
     if (status != uform_status_success_k) return status;
     bool same = state->known_count == items->count && state->known_hidden == hidden;
@@ -216,17 +221,20 @@ bool uform_vram_items_cover(uform_items_t const* items, size_t tokens) {
 
 } // namespace
 
-size_t uform_vram_statistics_floats(uform_plan_t const* plan) { return plan->segments * plan->heads * plan->columns; }
-
-size_t uform_vram_attention_scratch(uform_plan_t const* plan) {
-    (void)plan; /* the metadata and cuDNN's workspace are taken when the graphs are first built */
-    return 0;
+/* cuDNN's padded (items, heads, columns), or the own kernels' (heads, tokens): whichever runs, it fits. */
+size_t uform_vram_statistics_floats(uform_plan_t const* plan) {
+    size_t padded = plan->segments * plan->heads * plan->columns, packed = plan->heads * plan->tokens;
+    return padded > packed ? padded : packed;
 }
+
+/* The own kernels' deltas; cuDNN's metadata and workspace are taken when its graphs are first built. */
+size_t uform_vram_attention_scratch(uform_plan_t const* plan) { return plan->heads * plan->tokens * sizeof(float); }
 
 uform_status_t uform_vram_attention_open(uform_vram_context_t* context) {
     uform_vram_attention_t* state = new (std::nothrow) uform_vram_attention_t();
     if (!state) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for cuDNN's attention state");
     context->attention = state;
+    state->hopper = uform_vram_hopper_attention(context);
     cudnnStatus_t created = cudnnCreate(&state->handle);
     if (created != CUDNN_STATUS_SUCCESS)
         return uform_vram_fail(NULL, uform_status_device_k, "cudnnCreate: %s", cudnnGetErrorString(created));
@@ -261,10 +269,14 @@ uform_status_t uform_vram_attention_forward(void* context_, void* out, float* st
                                             uform_items_t const* items, size_t tokens, size_t hidden) {
     uform_vram_context_t* context = uform_vram(context_);
     if (!items->count) return uform_status_success_k;
-    uform_vram_attention_graphs_t* graphs;
-    uform_status_t status = uform_vram_attention_prepare(context, items, hidden, &graphs);
-    if (status != uform_status_success_k) return status;
     uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
+    uform_status_t status = uform_vram_attention_planned(context, items);
+    if (status != uform_status_success_k) return status;
+    if (state->hopper)
+        return uform_vram_hopper_attention_forward(context, state->hopper, out, statistics, qkv, items, tokens, hidden);
+    uform_vram_attention_graphs_t* graphs;
+    status = uform_vram_attention_prepare(context, items, hidden, &graphs);
+    if (status != uform_status_success_k) return status;
     uform_bf16_t* base = (uform_bf16_t*)qkv;
     std::unordered_map<int64_t, void*> pack = {
         {uid_q, base}, {uid_k, base + hidden}, {uid_v, base + 2 * hidden}, {uid_o, out}, {uid_stats, statistics},
@@ -286,10 +298,15 @@ uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void c
         status = uform_vram_check(cudaMemsetAsync(d_qkv, 0, tokens * 3 * hidden * sizeof(uform_bf16_t), context->stream),
                                   "cudaMemsetAsync (attention gradients)");
     if (status != uform_status_success_k || !items->count) return status;
+    uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
+    status = uform_vram_attention_planned(context, items);
+    if (status != uform_status_success_k) return status;
+    if (state->hopper)
+        return uform_vram_hopper_attention_backward(context, state->hopper, d_qkv, d_out, out, statistics, qkv, items,
+                                                    tokens, hidden);
     uform_vram_attention_graphs_t* graphs;
     status = uform_vram_attention_prepare(context, items, hidden, &graphs);
     if (status != uform_status_success_k) return status;
-    uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
     uform_bf16_t *base = (uform_bf16_t*)qkv, *d_base = (uform_bf16_t*)d_qkv;
     std::unordered_map<int64_t, void*> pack = {
         {uid_q, base}, {uid_k, base + hidden}, {uid_v, base + 2 * hidden}, {uid_o, (void*)out},

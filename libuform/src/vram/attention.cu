@@ -1,8 +1,12 @@
 /**
  *  @file   attention.cu
- *  @brief  The kernel behind `attention.cpp`: each item's length and where its rows start in the
- *          packed stream, in the form cuDNN's ragged attention reads, from the items' segments.
+ *  @brief  The device side of `attention.cpp`: on Hopper, the library's own attention
+ *          (`attention_hopper.cuh`); elsewhere, the kernel that lays the items out for cuDNN's ragged
+ *          attention (each item's length and where its rows start in the packed stream).
  */
+#include <string.h>
+
+#include "attention_hopper.cuh"
 #include "vram.h"
 
 /* The item lengths and ragged offsets, from the items' segments on the device. */
@@ -24,4 +28,37 @@ uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t
     uform_vram_launch(uform_vram_attention_metadata_kernel, uform_vram_blocks(count + 1, 256), 256, 0, context->stream,
         lengths, ragged_qkv, ragged_o, items->segments, count, (int64_t)hidden);
     return uform_vram_launched("uform_vram_attention_metadata_kernel");
+}
+
+void* uform_vram_hopper_attention(uform_vram_context_t* context) {
+    char const* wanted = getenv("UFORM_HOPPER_ATTENTION");
+    if (!uform_hopper_ready(context->ordinal) || (wanted && !strcmp(wanted, "0"))) return nullptr;
+    return (void*)uform_hopper_encoder();
+}
+
+uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context, void* encoder, void* out,
+                                                   float* statistics, void const* qkv, uform_items_t const* items,
+                                                   size_t tokens, size_t hidden) {
+    return uform_vram_check(uform_flash_forward((uform_hopper_encoder_t)encoder, context->stream,
+                                                uform_vram_dependent_launches, (uform_bf16_t*)out, statistics,
+                                                (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
+                                                items->count, items->longest, tokens, hidden, tokens),
+                            "the attention's forward pass");
+}
+
+uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* context, void* encoder, void* d_qkv,
+                                                    void const* d_out, void const* out, float const* statistics,
+                                                    void const* qkv, uform_items_t const* items, size_t tokens,
+                                                    size_t hidden) {
+    static_assert(sizeof(uform_segment_t) == 16, "the kernels read each item as 4 words: start, length, row, column");
+    if (context->scratch_bytes[uform_vram_scratch_attention_k] < hidden / uform_head_width_k * tokens * sizeof(float))
+        return uform_vram_fail(NULL, uform_status_invalid_argument_k,
+                               "attention: %zu tokens exceed the plan of %zu", tokens, context->plan.tokens);
+    return uform_vram_check(uform_flash_backward((uform_hopper_encoder_t)encoder, context->stream,
+                                                 uform_vram_dependent_launches, (uform_bf16_t*)d_qkv,
+                                                 (float*)context->scratch[uform_vram_scratch_attention_k],
+                                                 (uform_bf16_t const*)d_out, (uform_bf16_t const*)out, statistics,
+                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
+                                                 items->count, items->longest, tokens, hidden, tokens),
+                            "the attention's backward pass");
 }

@@ -27,7 +27,7 @@ extern uform_fail_t uform_vram_fail;
 /** Scratch the context plans once, one region per operation that needs one. */
 typedef enum uform_vram_scratch_t {
     uform_vram_scratch_blas_k = 0,        /* cuBLASLt's workspace */
-    uform_vram_scratch_attention_k,       /* the attention library's workspace and item offsets */
+    uform_vram_scratch_attention_k,       /* the own attention's backward: each query's delta */
     uform_vram_scratch_rmsnorm_k,         /* partial sums of the gain's gradient */
     uform_vram_scratch_reduce_k,          /* partial sums of losses and of the squared norm */
     uform_vram_scratch_contrastive_k,     /* the contrastive term's rows, in double */
@@ -71,6 +71,18 @@ uform_status_t uform_vram_attention_open(uform_vram_context_t* context);
 uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t* lengths, int64_t* ragged_qkv,
                                          int64_t* ragged_o, uform_items_t const* items, size_t hidden);
 void uform_vram_attention_close(uform_vram_context_t* context);
+/** The library's own attention (`attention_hopper.cuh`), in place of cuDNN's on Hopper: the tensor-map encoder it
+ *  launches with, or NULL where it does not run (another GPU, or `UFORM_HOPPER_ATTENTION=0` to compare the two). Its
+ *  statistics are each query's log-sum-exp, (heads, tokens); its backward pass takes (heads, tokens) floats of the
+ *  attention's scratch. */
+void* uform_vram_hopper_attention(uform_vram_context_t* context);
+uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context, void* encoder, void* out,
+                                                   float* statistics, void const* qkv, uform_items_t const* items,
+                                                   size_t tokens, size_t hidden);
+uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* context, void* encoder, void* d_qkv,
+                                                    void const* d_out, void const* out, float const* statistics,
+                                                    void const* qkv, uform_items_t const* items, size_t tokens,
+                                                    size_t hidden);
 /** Fills the AdamW scratch with the plan's layout: once, at context creation. */
 uform_status_t uform_vram_adamw_plan(uform_vram_context_t* context);
 
