@@ -116,7 +116,7 @@ template <typename run_t> static float time_us(run_t run) {
     return ms / 20 * 1e3f;
 }
 
-static int failures = 0;
+static int failures = 0, multiprocessors = 0;
 
 static void run(char const* name, std::vector<int> const& lengths, int hidden, float scale) {
     int items = (int)lengths.size(), heads = hidden / 64, longest = 0;
@@ -132,6 +132,8 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
     float *lse, *delta, *expected, *expected_lse, *expected_delta, *expected_d_qkv;
     int* device_offsets;
     uint32_t* device_segments;
+    unsigned* counter;
+    cudaMalloc(&counter, 8), cudaMemset(counter, 0, 8);
     cudaMalloc(&qkv, tokens * 3 * hidden * 2), cudaMalloc(&out, tokens * hidden * 2);
     cudaMalloc(&d_out, tokens * hidden * 2), cudaMalloc(&d_qkv, tokens * 3 * hidden * 2);
     cudaMalloc(&lse, heads * stride * 4), cudaMalloc(&delta, heads * stride * 4);
@@ -149,12 +151,12 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
         std::exit(1);
     };
     auto run_forward = [&] {
-        check(uform_flash_forward(encode, 0, false, out, lse, qkv, device_segments, items, longest, tokens, hidden,
-                                  stride), "forward");
+        check(uform_flash_forward(encode, multiprocessors, 0, false, out, lse, qkv, device_segments, items, longest, tokens, hidden,
+                                  stride, counter), "forward");
     };
     auto run_backward = [&] {
-        check(uform_flash_backward(encode, 0, false, d_qkv, delta, d_out, out, lse, qkv, device_segments, items,
-                                   longest, tokens, hidden, stride), "backward");
+        check(uform_flash_backward(encode, multiprocessors, 0, false, d_qkv, delta, d_out, out, lse, qkv, device_segments, items,
+                                   longest, tokens, hidden, stride, counter), "backward");
     };
     run_forward(), run_backward();
     dim3 reference_grid((unsigned)((tokens + 127) / 128), (unsigned)heads);
@@ -192,12 +194,13 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
     }
     for (void* p : {(void*)qkv, (void*)out, (void*)d_out, (void*)d_qkv, (void*)lse, (void*)delta, (void*)expected,
                     (void*)expected_lse, (void*)expected_delta, (void*)expected_d_qkv, (void*)device_offsets,
-                    (void*)device_segments})
+                    (void*)device_segments, (void*)counter})
         cudaFree(p);
 }
 
 int main() {
     std::setvbuf(stdout, nullptr, _IONBF, 0);
+    cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0);
     if (!uform_hopper_ready(0) || !uform_hopper_encoder()) return std::printf("not a Hopper GPU\n"), 0;
     run("single", {128}, 64, 1.0f);
     run("short", {1, 7, 130, 64}, 128, 1.0f);

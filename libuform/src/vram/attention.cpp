@@ -182,11 +182,16 @@ uform_status_t uform_vram_attention_build(uform_vram_context_t* context, uform_v
     return uform_status_success_k;
 }
 
-uform_status_t uform_vram_attention_planned(uform_vram_context_t* context, uform_items_t const* items) {
-    if (items->count > context->plan.segments || items->longest > context->plan.columns)
+uform_status_t uform_vram_attention_planned(uform_vram_context_t* context, uform_items_t const* items, size_t tokens,
+                                            size_t hidden) {
+    uform_plan_t const* plan = &context->plan;
+    if (items->count > plan->segments || items->longest > plan->columns || tokens > plan->tokens ||
+        hidden > plan->heads * uform_head_width_k)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k,
-                               "attention: %zu items up to %zu tokens long exceed the plan of %zu items of %zu",
-                               items->count, items->longest, context->plan.segments, context->plan.columns);
+                               "attention: %zu items up to %zu tokens long, %zu tokens of %zu, exceed the plan of %zu "
+                               "items of %zu, %zu tokens of %zu",
+                               items->count, items->longest, tokens, hidden, plan->segments, plan->columns,
+                               plan->tokens, plan->heads * uform_head_width_k);
     return uform_status_success_k;
 }
 
@@ -227,8 +232,6 @@ size_t uform_vram_statistics_floats(uform_plan_t const* plan) {
     return padded > packed ? padded : packed;
 }
 
-/* The own kernels' deltas; cuDNN's metadata and workspace are taken when its graphs are first built. */
-size_t uform_vram_attention_scratch(uform_plan_t const* plan) { return plan->heads * plan->tokens * sizeof(float); }
 
 uform_status_t uform_vram_attention_open(uform_vram_context_t* context) {
     uform_vram_attention_t* state = new (std::nothrow) uform_vram_attention_t();
@@ -270,7 +273,7 @@ uform_status_t uform_vram_attention_forward(void* context_, void* out, float* st
     uform_vram_context_t* context = uform_vram(context_);
     if (!items->count) return uform_status_success_k;
     uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
-    uform_status_t status = uform_vram_attention_planned(context, items);
+    uform_status_t status = uform_vram_attention_planned(context, items, tokens, hidden);
     if (status != uform_status_success_k) return status;
     if (state->hopper)
         return uform_vram_hopper_attention_forward(context, state->hopper, out, statistics, qkv, items, tokens, hidden);
@@ -282,7 +285,6 @@ uform_status_t uform_vram_attention_forward(void* context_, void* out, float* st
         {uid_q, base}, {uid_k, base + hidden}, {uid_v, base + 2 * hidden}, {uid_o, out}, {uid_stats, statistics},
         {uid_seq_q, state->lengths}, {uid_seq_kv, state->lengths}, {uid_ragged_qkv, state->ragged_qkv},
         {uid_ragged_o, state->ragged_o}};
-    (void)tokens;
     fe::error_t error = graphs->forward->execute(state->handle, pack, state->workspace);
     if (error.is_bad()) return uform_vram_attention_failed(error, "forward");
     return uform_vram_launched("cuDNN attention forward");
@@ -299,7 +301,7 @@ uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void c
                                   "cudaMemsetAsync (attention gradients)");
     if (status != uform_status_success_k || !items->count) return status;
     uform_vram_attention_t* state = (uform_vram_attention_t*)context->attention;
-    status = uform_vram_attention_planned(context, items);
+    status = uform_vram_attention_planned(context, items, tokens, hidden);
     if (status != uform_status_success_k) return status;
     if (state->hopper)
         return uform_vram_hopper_attention_backward(context, state->hopper, d_qkv, d_out, out, statistics, qkv, items,

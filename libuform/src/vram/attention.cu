@@ -30,19 +30,38 @@ uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t
     return uform_vram_launched("uform_vram_attention_metadata_kernel");
 }
 
+/* The attention's scratch: the kernels' unit counter, then the backward pass's deltas. */
+static unsigned* uform_vram_attention_counter(uform_vram_context_t* context) {
+    return (unsigned*)context->scratch[uform_vram_scratch_attention_k];
+}
+
+static float* uform_vram_attention_deltas(uform_vram_context_t* context) {
+    return (float*)((char*)context->scratch[uform_vram_scratch_attention_k] + 256);
+}
+
+size_t uform_vram_attention_scratch(uform_plan_t const* plan) { return 256 + plan->heads * plan->tokens * sizeof(float); }
+
+static_assert(sizeof(uform_segment_t) == 16, "the kernels read each item as 4 words: start, length, row, column");
+
 void* uform_vram_hopper_attention(uform_vram_context_t* context) {
     char const* wanted = getenv("UFORM_HOPPER_ATTENTION");
     if (!uform_hopper_ready(context->ordinal) || (wanted && !strcmp(wanted, "0"))) return nullptr;
+    /* The counter starts at zero, and every launch leaves it so. */
+    if (cudaMemsetAsync(uform_vram_attention_counter(context), 0, 2 * sizeof(unsigned), context->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
     return (void*)uform_hopper_encoder();
 }
 
 uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context, void* encoder, void* out,
                                                    float* statistics, void const* qkv, uform_items_t const* items,
                                                    size_t tokens, size_t hidden) {
-    return uform_vram_check(uform_flash_forward((uform_hopper_encoder_t)encoder, context->stream,
+    return uform_vram_check(uform_flash_forward((uform_hopper_encoder_t)encoder, context->multiprocessors, context->stream,
                                                 uform_vram_dependent_launches, (uform_bf16_t*)out, statistics,
                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
-                                                items->count, items->longest, tokens, hidden, tokens),
+                                                items->count, items->longest, tokens, hidden, tokens,
+                                                uform_vram_attention_counter(context)),
                             "the attention's forward pass");
 }
 
@@ -50,15 +69,12 @@ uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* contex
                                                     void const* d_out, void const* out, float const* statistics,
                                                     void const* qkv, uform_items_t const* items, size_t tokens,
                                                     size_t hidden) {
-    static_assert(sizeof(uform_segment_t) == 16, "the kernels read each item as 4 words: start, length, row, column");
-    if (context->scratch_bytes[uform_vram_scratch_attention_k] < hidden / uform_head_width_k * tokens * sizeof(float))
-        return uform_vram_fail(NULL, uform_status_invalid_argument_k,
-                               "attention: %zu tokens exceed the plan of %zu", tokens, context->plan.tokens);
-    return uform_vram_check(uform_flash_backward((uform_hopper_encoder_t)encoder, context->stream,
+    return uform_vram_check(uform_flash_backward((uform_hopper_encoder_t)encoder, context->multiprocessors, context->stream,
                                                  uform_vram_dependent_launches, (uform_bf16_t*)d_qkv,
-                                                 (float*)context->scratch[uform_vram_scratch_attention_k],
+                                                 uform_vram_attention_deltas(context),
                                                  (uform_bf16_t const*)d_out, (uform_bf16_t const*)out, statistics,
                                                  (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
-                                                 items->count, items->longest, tokens, hidden, tokens),
+                                                 items->count, items->longest, tokens, hidden, tokens,
+                                                 uform_vram_attention_counter(context)),
                             "the attention's backward pass");
 }
