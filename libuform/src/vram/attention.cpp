@@ -1,9 +1,13 @@
 /**
  *  @file   attention.cpp
- *  @brief  Bidirectional attention within each item of the packed stream, through cuDNN's fused
- *          attention over ragged (per-item) offsets, forward and backward. Host code only, so the
+ *  @brief  Bidirectional attention within each item of the packed stream, forward and backward: on
+ *          Hopper the library's own kernels (`attention_hopper.cuh`, launched from `attention.cu`),
+ *          elsewhere cuDNN's fused attention over ragged (per-item) offsets. Host code only, so the
  *          frontend's heavy headers pass through the host compiler once; `attention.cu` holds the
- *          one kernel, which lays out the items for cuDNN.
+ *          device side.
+ *
+ *  The own kernels keep each query's log-sum-exp as the CPU does, (heads, tokens), and need no
+ *  graphs, workspace or item offsets; the rest of this file is cuDNN's.
  *
  *  The packed stream is cuDNN's "THD" layout: qkv (tokens, 3, heads, 64) holds each item's tokens
  *  one after another, so item b's queries, keys and values start `start_b * 3 hidden` elements in,
