@@ -151,9 +151,9 @@ typedef enum uform_negatives_t {
 typedef enum uform_determinism_t {
     uform_determinism_derived_k = 0, /**< Derives `uform_determinism_bitwise_k`. */
     uform_determinism_bitwise_k = 1, /**< Every sum in a fixed order: runs repeat bit for bit. */
-    uform_determinism_fast_k = 2,    /**< cuDNN's attention (GPUs other than Hopper) adds query gradients in the
-                                          order they land: about 4 % faster a step, and runs differ in their last
-                                          bits. Hopper's attention and the CPU are bitwise either way. */
+    uform_determinism_fast_k = 2,    /**< cuDNN's attention adds query gradients in the order they land: about 4 %
+                                          faster a step, and runs differ in their last bits. The CPU, and the
+                                          library's own Hopper attention, are bitwise either way. */
 } uform_determinism_t;
 
 /** @brief How a contrastive term turns a row of scores into forces. */

@@ -1,8 +1,9 @@
 /**
  *  @file   attention.cpp
- *  @brief  Bidirectional attention within each item of the packed stream, forward and backward: on
- *          Hopper the library's own kernels (`attention_hopper.cuh`, launched from `attention.cu`),
- *          elsewhere cuDNN's fused attention over ragged (per-item) offsets. Host code only, so the
+ *  @brief  Bidirectional attention within each item of the packed stream, forward and backward:
+ *          cuDNN's fused attention over ragged (per-item) offsets, or on Hopper, when
+ *          `UFORM_HOPPER_ATTENTION=1` asks, the library's own kernels (`attention_hopper.cuh`,
+ *          launched from `attention.cu`). Host code only, so the
  *          frontend's heavy headers pass through the host compiler once; `attention.cu` holds the
  *          device side.
  *
