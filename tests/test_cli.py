@@ -882,6 +882,8 @@ def test_evaluation_columns_may_name_two_of_the_datas_columns_in_a_list(run, tmp
                                                       r"columns \('question', 'answer'\), so its modality is unknown"),
                              ('["answer"]', "evaluation.columns: retrieval needs two columns, a query's and its "
                                             "target's; got 1"),
+                             ('["answer", "answer"]', r"evaluation.columns\[1\]: 'answer' again; retrieval needs two "
+                                                      "different columns"),
                              ("[1, 2]", r"evaluation.columns\[0\]: expected a column name, got int"),
                              ('"answer"', "evaluation.columns: expected a list of two of \\[data\\]'s columns or a "
                                           "table of column = modality, got str")):

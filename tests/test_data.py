@@ -253,6 +253,14 @@ def test_bad_records_are_skipped_and_counted_with_their_location_in_every_format
         assert len(step.locations) == len(list(records(dataset))) - len(bad)
 
 
+def test_a_jsonl_line_with_bytes_that_are_not_utf8_names_its_text_as_csv_does(tmp_path):
+    jsonl = tmp_path / "raw.jsonl"
+    jsonl.write_bytes(b'{"question": "q0", "answer": "a0"}\n{"question": "bad \xff\xfe", "answer": "a1"}\n')
+    with Stream(dict(paths=[str(jsonl)], columns=PAIRS, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:
+        with pytest.raises(BadRecord, match=f"^{re.escape(str(jsonl))}:line 2: 'question' is not UTF-8 text$"):
+            next(stream)
+
+
 def test_bad_records_are_refused_when_asked_naming_the_first(tmp_path):
     for dataset, bad in bad_datasets(tmp_path):
         with Stream(dict(dataset, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:

@@ -192,6 +192,11 @@ def test_a_missing_required_field_is_named_before_the_c_call(config, message):
     assert str(caught.value).startswith(message), str(caught.value)
 
 
+def test_zero_steps_are_said_to_be_missing_as_zero(cpu):
+    with pytest.raises(uform.InvalidArgument, match=r"^config\.schedule\.steps: missing \(0 or absent\); "):
+        Trainer.init_ram(cpu, tiny_config(schedule=dict(steps=0)))
+
+
 def test_hidden_is_a_multiple_of_128_checked_in_python():
     with pytest.raises(uform.InvalidArgument, match=r"^config\.hidden: 200 is not a multiple of 128$"):
         normalize_trainer_config(tiny_config(hidden=200))

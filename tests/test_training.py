@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import uform
 from uform import demo
@@ -36,6 +37,23 @@ def test_loss_goes_down_and_retrieval_improves(tmp_path):
             after = demo.recall_at_1(encoder, pairs)
     assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
     assert after >= before + 0.2, (before, after)
+
+
+@pytest.mark.parametrize("options, said", [
+    (["--held-out", "5000"], "uform-demo: --held-out 5000 leaves 0 of the "),
+    (["--pairs-per-step", "5000"], "fewer than --pairs-per-step 5000"),
+    (["--held-out", "0"], "uform-demo: error: --held-out: 0 is below 1"),
+    (["--pairs-per-step", "0"], "--pairs-per-step: 0 is below 1"),
+    (["--hidden", "100"], "uform-demo: config.hidden: 100 is not a multiple of"),
+    (["--task", "images", "--held-out", "100000"], "uform-demo: --held-out: 100000 scenes asked"),
+])
+def test_demo_refuses_what_it_cannot_do_in_one_line_before_training(tmp_path, capsys, options, said):
+    with pytest.raises(SystemExit) as ended:
+        demo.main(["--steps", "2", "--depth", "1", "--out", str(tmp_path / "demo.safetensors")] + options)
+    assert ended.value.code == 2
+    printed = capsys.readouterr()
+    assert said in printed.err and "Traceback" not in printed.err, printed.err
+    assert not (tmp_path / "demo.safetensors").exists()
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):

@@ -163,6 +163,9 @@ def _evaluation_columns(columns: Any, data: Dataset) -> Any:
             raise InvalidArgument(f"evaluation.columns[{number}]: {name!r} is none of [data]'s columns "
                                   f"({', '.join(map(repr, known))}), so its modality is unknown; give it in a table, "
                                   f"columns = {{ {name} = \"text\", ... }}")
+        if name in columns[:number]:
+            raise InvalidArgument(f"evaluation.columns[{number}]: {name!r} again; retrieval needs two different "
+                                  f"columns, a query's and its target's")
     return {name: known[name] for name in columns}
 
 

@@ -99,6 +99,10 @@ def _stdlib_pairs():
     return pairs
 
 
+class Refused(Exception):
+    """Options the demo's data cannot satisfy, said on one line."""
+
+
 def split(pairs, held_out, seed=0):
     shuffled = list(pairs)
     random.Random(seed).shuffle(shuffled)
@@ -188,7 +192,7 @@ def held_out_scenes(count, seed):
     things = len(SIZES) * len(COLORS) * len(SHAPES)
     scenes = (len(LAYOUTS) - 1) * things * (things - len(SIZES))
     if not 0 < count <= scenes:
-        raise ValueError(f"held out: {count} scenes asked, {scenes} distinct two-shape scenes exist")
+        raise Refused(f"--held-out: {count} scenes asked, {scenes} distinct two-shape scenes exist")
     rng, keys = random.Random(seed), []
     while len(keys) < count:
         scene = random_scene(rng)
@@ -262,7 +266,14 @@ def main(argv=None):
     for name, values in DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, values if isinstance(values, str) else values[gpu])
-    return run_images(args, gpu) if args.task == "images" else run_signatures(args, gpu)
+    for name in ("steps", "pairs_per_step", "held_out", "depth", "hidden"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: {getattr(args, name)} is below 1")
+    try:
+        return run_images(args, gpu) if args.task == "images" else run_signatures(args, gpu)
+    except (Refused, uform.InvalidArgument) as error:  # what the options ask that the data or the library cannot do
+        parser.exit(2, f"uform-demo: {error}\n")
+
 
 
 def run_signatures(args, gpu):
@@ -270,6 +281,9 @@ def run_signatures(args, gpu):
           "standard library", flush=True)
     pairs = stdlib_pairs()
     train, held_out = split(pairs, args.held_out, args.seed)
+    if len(train) < args.pairs_per_step:
+        raise Refused(f"--held-out {args.held_out} leaves {len(train)} of the {len(pairs)} pairs to train on, fewer "
+                      f"than --pairs-per-step {args.pairs_per_step}")
     print(f"{len(pairs)} pairs: {len(train)} to train on, {len(held_out)} held out; depth {args.depth}, hidden "
           f"{args.hidden} on the {'GPU' if gpu else 'CPU'}", flush=True)
 

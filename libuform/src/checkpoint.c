@@ -174,7 +174,8 @@ uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* lay
     char const* slash = strrchr(path, '/');
     size_t folder = slash ? (size_t)(slash - path + 1) : 0;
     char const* name = path + folder;
-    if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
+    struct stat existing; /* a folder named without its slash is refused alike, not as a failed write */
+    if (!*name || !strcmp(name, ".") || !strcmp(name, "..") || (!stat(path, &existing) && S_ISDIR(existing.st_mode)))
         return uform_fail(error, uform_status_invalid_argument_k, "path: %s names a folder, not a file", path);
     /* Escaping makes any text a JSON string, but not UTF-8: a header that is not is refused by every reader. */
     size_t note_length = note ? strlen(note) : 0;

@@ -180,7 +180,8 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
                              (double)c->choices.weight);
 
     uform_schedule_t* schedule = &c->schedule;
-    if (!schedule->steps) return UFORM_INVALID("config.schedule.steps: missing; the cosine schedule must span a run");
+    if (!schedule->steps)
+        return UFORM_INVALID("config.schedule.steps: missing (0 or absent); the cosine schedule must span a run of a step or more");
     if (schedule->min_learning_rate < 0 || schedule->min_learning_rate > schedule->learning_rate)
         return UFORM_INVALID("config.schedule.min_learning_rate: %g is not in [0, learning_rate = %g]",
                              (double)schedule->min_learning_rate, (double)schedule->learning_rate);

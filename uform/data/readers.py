@@ -96,12 +96,13 @@ def pick(values: Dict[str, Any], column: str) -> Any:
 
 def read_jsonl(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """One JSON object per line; blank lines are no records. A line that is no JSON object still
-    counts as a record, whose values are None, so the stream can name it as bad."""
+    counts as a record, whose values are None, so the stream can name it as bad. Bytes that are not
+    UTF-8 stay in its strings as lone surrogates, as in CSV, so the text holding them is named."""
     with open(path, "rb") as lines:
         records = ((number, line) for number, line in enumerate(lines, 1) if line.strip())
         for number, line in itertools.islice(records, start, None):
             try:
-                values = json.loads(line)
+                values = json.loads(line.decode("utf-8", "surrogateescape"))
             except ValueError:
                 values = None
             yield f"line {number}", values if isinstance(values, dict) else None
