@@ -1007,7 +1007,8 @@ def test_a_mesh_config_is_checked_by_name(run, tmp_path, capsys):
         assert message in capsys.readouterr().err
         assert not (tmp_path / "runs" / "checked").exists()  # a refused config leaves no run folder
     assert cli.main(["train", run("checked", **{"[run]": MESH + "\n[run]"}), "--host-domain-index", "2"]) == 1
-    assert "--host-domain-index: 2 is not below mesh.host_domain_count = 2" in capsys.readouterr().err
+    assert "--host-domain-index (or $UFORM_HOST_DOMAIN_INDEX): 2 is not below mesh.host_domain_count = 2" in \
+        capsys.readouterr().err
 
 
 def test_two_processes_pass_over_bad_records_alike_and_drop_bad_held_out_records_from_every_share(tmp_path):

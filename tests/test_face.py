@@ -123,7 +123,7 @@ def test_an_arena_serves_one_step_in_flight(cpu, trainer):
     with held(cpu):
         first = trainer.deferred().step(pair_batch(), dict(arena=arena))
         second = trainer.deferred().step(pair_batch(), dict(arena=arena))
-        with pytest.raises(uform.Busy, match=r"^config\.arena: .*each deferred step in flight needs its own Arena"):
+        with pytest.raises(uform.Busy, match=r"^config\.arena: .*each deferred verb in flight needs its own Arena"):
             second.wait()
         with pytest.raises(uform.Busy, match=r"^config\.arena:"):
             trainer.step(pair_batch(), dict(arena=arena))  # blocking verbs are refused alike, at once

@@ -655,7 +655,8 @@ def _train(config_path: str, index: int) -> int:
     config = load_config(config_path)
     count = config.mesh.host_domain_count
     if index >= count:
-        raise InvalidArgument(f"--host-domain-index: {index} is not below mesh.host_domain_count = {count}")
+        raise InvalidArgument(f"--host-domain-index (or $UFORM_HOST_DOMAIN_INDEX): {index} is not below "
+                              f"mesh.host_domain_count = {count}")
     folder = config.run.folder
     saved_in = os.path.join(folder, "checkpoints")
     trainer_config = dict(config.trainer)

@@ -132,7 +132,7 @@ class Arena:
         """Holds the arena from now until the answer is called; `Busy` naming `path` if another holds it."""
         if not self._held.acquire(blocking=False):
             raise Busy(f"{path}: a verb still in flight lands in this Arena; "
-                       "each deferred step in flight needs its own Arena")
+                       "each deferred verb in flight needs its own Arena")
         return self._held.release
 
     def _claim_for(self, call: Any, path: str) -> Any:

@@ -40,7 +40,9 @@ static void uform_vram_load(void) {
     void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!library) {
         char const* reason = dlerror();
-        snprintf(uform_vram_why, sizeof(uform_vram_why), "this build of uform has no CUDA backend (%.400s)",
+        snprintf(uform_vram_why, sizeof(uform_vram_why),
+                 "this build of uform has no CUDA backend (%.300s); a build where nvcc and CUDA's libraries are found "
+                 "makes one (UFORM_CUDA=1 says what is missing)",
                  reason ? reason : path);
         return;
     }
