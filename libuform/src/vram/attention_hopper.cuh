@@ -96,7 +96,8 @@ __device__ __forceinline__ void pin32(float (&d)[32]) {
 /*  The two warpgroups take turns issuing their products: each waits for its turn (named barrier 3 + its
     group, completed by the other's arrival) and passes it on once its products are queued, so the
     tensor cores run one warpgroup's products while the other takes its softmax. The first turn is
-    warpgroup 0's; warpgroup 1 opens it, and does not pass its last turn, which no one waits for. */
+    warpgroup 0's, which warpgroup 1 opens; warpgroup 0 takes one turn more at the end, the one
+    warpgroup 1's last pass opened, so every arrival is matched (`multiply_units`). */
 __device__ __forceinline__ void take_turn(int group) { asm volatile("bar.sync %0, 256;" ::"r"(3 + group) : "memory"); }
 __device__ __forceinline__ void pass_turn(int group) { asm volatile("bar.arrive %0, 256;" ::"r"(4 - group) : "memory"); }
 

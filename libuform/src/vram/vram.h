@@ -27,7 +27,7 @@ extern uform_fail_t uform_vram_fail;
 /** Scratch the context plans once, one region per operation that needs one. */
 typedef enum uform_vram_scratch_t {
     uform_vram_scratch_blas_k = 0,        /* cuBLASLt's workspace */
-    uform_vram_scratch_attention_k,       /* the own attention's backward: each query's delta */
+    uform_vram_scratch_attention_k,       /* the own attention's unit counter, and each query's delta for its backward */
     uform_vram_scratch_rmsnorm_k,         /* partial sums of the gain's gradient */
     uform_vram_scratch_reduce_k,          /* partial sums of losses and of the squared norm */
     uform_vram_scratch_contrastive_k,     /* the contrastive term's rows, in double */
