@@ -261,9 +261,11 @@ def test_info_refuses_a_checkpoint_the_loader_refuses_after_its_summary(run, tmp
     assert cli.main(["info", checkpoint, "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["valid"] is True and "error" not in described
-    junk, missing = tmp_path / "junk.bin", str(tmp_path / "missing.safetensors")
+    junk, zeros, missing = tmp_path / "junk.bin", tmp_path / "zeros.bin", str(tmp_path / "missing.safetensors")
     junk.write_bytes(bytes(range(100)))
-    for path, why in ((str(junk), "this is no checkpoint"), (missing, "No such file")):  # no header to describe
+    zeros.write_bytes(bytes(100))
+    for path, why in ((str(junk), "but only 92 bytes follow its length"), (missing, "No such file"),
+                      (str(zeros), "claims a header of 0 bytes; a header takes 2 bytes to 64 MiB")):
         assert cli.main(["info", path, "--json"]) == 1
         printed = capsys.readouterr()
         answered = json.loads(printed.out)

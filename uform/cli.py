@@ -394,14 +394,19 @@ def stream_cursor(checkpoint: str, note: Optional[str]) -> Optional[Dict[str, An
 def read_header(path: str, field_path: str = "CHECKPOINT") -> Tuple[Dict[str, str], Dict[str, Any]]:
     """A safetensors file's `__metadata__` and its tensors' entries (dtype, shape, data_offsets); errors
     name `field_path`, the argument or config field that gave the path."""
-    try:
+    try:  # the C library's reader's checks, in its words, so that every command says the same of one file
         with open(path, "rb") as file:
-            head = file.read(8)
+            size, head = os.fstat(file.fileno()).st_size, file.read(8)
             if len(head) != 8:
-                raise InvalidArgument(f"{field_path}: {path}: too short to be a safetensors file")
+                raise InvalidArgument(f"{field_path}: {path} is {size} bytes, too short for a safetensors header's "
+                                      f"8-byte length")
             (length,) = struct.unpack("<Q", head)
-            if length > 100 << 20:
-                raise InvalidArgument(f"{field_path}: {path}: a header of {length} bytes; this is no checkpoint")
+            if length > size - 8:
+                raise InvalidArgument(f"{field_path}: {path} claims a header of {length} bytes, but only {size - 8} "
+                                      f"bytes follow its length")
+            if not 2 <= length <= 64 << 20:
+                raise InvalidArgument(f"{field_path}: {path} claims a header of {length} bytes; a header takes 2 "
+                                      f"bytes to 64 MiB")
             try:
                 header = json.loads(file.read(length))
             except ValueError as error:
