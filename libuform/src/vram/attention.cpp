@@ -3,9 +3,8 @@
  *  @brief  Bidirectional attention within each item of the packed stream, forward and backward:
  *          cuDNN's fused attention over ragged (per-item) offsets, or on Hopper, when
  *          `UFORM_HOPPER_ATTENTION=1` asks, the library's own kernels (`attention_hopper.cuh`,
- *          launched from `attention.cu`). Host code only, so the
- *          frontend's heavy headers pass through the host compiler once; `attention.cu` holds the
- *          device side.
+ *          launched from `attention.cu`). Host code only, so the frontend's heavy headers pass
+ *          through the host compiler once; `attention.cu` holds the device side.
  *
  *  The own kernels keep each query's log-sum-exp as the CPU does, (heads, tokens), and need no
  *  graphs, workspace or item offsets; the rest of this file is cuDNN's.

@@ -19,10 +19,9 @@
  *  stages (128-byte swizzle; past the item's end the tiles hold the next item's tokens, or zeros
  *  past the tensor, and are masked). The two warpgroups take turns issuing their products
  *  (`take_turn`), so the tensor cores run one's products while the other takes its element-wise
- *  work. Each product's operand
- *  that is itself a product's result (p, d s, their transposes) goes from the accumulator's
- *  registers straight into the next `wgmma`: the accumulator's layout, 16 columns at a time, is
- *  the layout `wgmma` wants for an operand held in registers.
+ *  work. Each product's operand that is itself a product's result (p, d s, their transposes) goes
+ *  from the accumulator's registers straight into the next `wgmma`: the accumulator's layout, 16
+ *  columns at a time, is the layout `wgmma` wants for an operand held in registers.
  *
  *  The backward pass is two passes that each recompute the scores, rather than one that adds each
  *  block's share of d q from several blocks: 7 products of a block's size against 5, and in
