@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention_hopper.cuh"
+#include "measure.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -83,39 +84,6 @@ __global__ void fill(bf16* values, size_t count, unsigned seed, float scale) {
     }
 }
 
-template <typename value_t> static std::vector<float> host(value_t const* device, size_t count) {
-    std::vector<value_t> bits(count);
-    cudaMemcpy(bits.data(), device, count * sizeof(value_t), cudaMemcpyDeviceToHost);
-    std::vector<float> values(count);
-    for (size_t i = 0; i < count; ++i) values[i] = (float)bits[i];
-    return values;
-}
-
-/* Largest |x - y| over the largest |y|, over the entries `keep` keeps. */
-template <typename keep_t> static double difference(std::vector<float> const& x, std::vector<float> const& y, keep_t keep) {
-    double worst = 0, scale = 1e-30;
-    for (size_t i = 0; i < x.size(); ++i) {
-        if (!keep(i)) continue;
-        if (std::isnan(x[i])) return INFINITY;
-        worst = std::fmax(worst, std::fabs((double)x[i] - y[i]));
-        scale = std::fmax(scale, std::fabs((double)y[i]));
-    }
-    return worst / scale;
-}
-
-template <typename run_t> static float time_us(run_t run) {
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start), cudaEventCreate(&stop);
-    for (int i = 0; i < 3; ++i) run();
-    cudaEventRecord(start);
-    for (int i = 0; i < 20; ++i) run();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms;
-    cudaEventElapsedTime(&ms, start, stop);
-    return ms / 20 * 1e3f;
-}
-
 static int failures = 0, multiprocessors = 0;
 
 static void run(char const* name, std::vector<int> const& lengths, int hidden, float scale) {
@@ -169,16 +137,15 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
         std::printf("%s: %s\n", name, cudaGetErrorString(error));
         std::exit(1);
     }
-    auto all = [](size_t) { return true; };
     auto tokens_only = [&](size_t i) { return i % stride < tokens; };
-    double out_error = difference(host(out, tokens * hidden), host(expected, tokens * hidden), all);
+    double out_error = difference(host(out, tokens * hidden), host(expected, tokens * hidden));
     double lse_error = difference(host(lse, heads * stride), host(expected_lse, heads * stride), tokens_only);
     double delta_error = difference(host(delta, heads * stride), host(expected_delta, heads * stride), tokens_only);
     std::vector<float> got = host(d_qkv, tokens * 3 * hidden), want = host(expected_d_qkv, tokens * 3 * hidden);
     double part_error[3];
     for (int part = 0; part != 3; ++part)
         part_error[part] = difference(got, want, [&](size_t i) { return (int)(i % (3 * hidden)) / hidden == part; });
-    float forward_us = time_us(run_forward), backward_us = time_us(run_backward);
+    float forward_us = 1e3f * time_ms(run_forward), backward_us = 1e3f * time_ms(run_backward);
     double flops = 0;
     for (int length : lengths) flops += 4.0 * heads * length * (double)length * 64;
     std::printf("%-7s %3d items, %6zu tokens, %d heads: forward %6.1f us (%3.0f TFLOP/s), backward %6.1f us"

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "matmul_hopper.cuh"
+#include "measure.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -91,38 +92,6 @@ static void ours(uform_hopper_epilogue_t epilogue, bf16* d, bf16* aux, bf16 cons
         std::printf("uform_hopper_product: %s\n", cudaGetErrorString(error));
         std::exit(1);
     }
-}
-
-static std::vector<float> host(bf16 const* device, size_t count) {
-    std::vector<bf16> bits(count);
-    cudaMemcpy(bits.data(), device, count * sizeof(bf16), cudaMemcpyDeviceToHost);
-    std::vector<float> values(count);
-    for (size_t i = 0; i < count; ++i) values[i] = __bfloat162float(bits[i]);
-    return values;
-}
-
-/* Largest |x - y| over the largest |y|. */
-static double difference(std::vector<float> const& x, std::vector<float> const& y) {
-    double worst = 0, scale = 1e-30;
-    for (size_t i = 0; i < x.size(); ++i) {
-        worst = std::fmax(worst, std::fabs((double)x[i] - y[i]));
-        scale = std::fmax(scale, std::fabs((double)y[i]));
-        if (std::isnan(x[i]) != std::isnan(y[i])) return INFINITY;
-    }
-    return worst / scale;
-}
-
-template <typename run_t> static float time_ms(run_t run) {
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start), cudaEventCreate(&stop);
-    for (int i = 0; i < 3; ++i) run();
-    cudaEventRecord(start);
-    for (int i = 0; i < 20; ++i) run();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms;
-    cudaEventElapsedTime(&ms, start, stop);
-    return ms / 20;
 }
 
 static char const* names[] = {"plain", "gelu", "gelu_backward"};
