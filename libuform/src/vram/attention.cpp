@@ -236,7 +236,6 @@ size_t uform_vram_statistics_floats(uform_plan_t const* plan) {
     return padded > packed ? padded : packed;
 }
 
-
 uform_status_t uform_vram_attention_open(uform_vram_context_t* context) {
     uform_vram_attention_t* state = new (std::nothrow) uform_vram_attention_t();
     if (!state) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for cuDNN's attention state");
