@@ -4,7 +4,7 @@
     python bench/gpu.py --geometry 12 512 64 512 --steps 30
     python bench/gpu.py --geometry 12 512 64 512 --determinism fast   # the runs' last bits may vary
     python bench/gpu.py --geometry 12 512 64 512 --in-flight 1        # each step waited for before the next
-    UFORM_HOPPER_ATTENTION=1 python bench/gpu.py --geometry 12 512 64 512  # the library's own attention on Hopper
+    UFORM_HOPPER_ATTENTION=0 python bench/gpu.py --geometry 12 512 64 512  # cuDNN's attention on Hopper too
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile  # and each kernel's share
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile --timeline step.txt  # and one step's kernels
 
@@ -145,8 +145,8 @@ def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism
         if profile:
             kernel_shares(trainer, batch, torch, in_flight, timeline=profile if isinstance(profile, str) else None)
     tokens_per_s = rows * cols / seconds
-    # The library's own attention runs where asked for and the GPU is Hopper's 9.0; cuDNN's elsewhere.
-    own = os.environ.get("UFORM_HOPPER_ATTENTION") == "1" and torch.cuda.get_device_capability() == (9, 0)
+    # The library's own attention runs on Hopper's 9.0 unless told not to; cuDNN's elsewhere.
+    own = os.environ.get("UFORM_HOPPER_ATTENTION") != "0" and torch.cuda.get_device_capability() == (9, 0)
     return dict(peer="uform", determinism=determinism, attention="own" if own else "cudnn", in_flight=in_flight, depth=depth, hidden=hidden, rows=rows, cols=cols, step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=tokens_per_s * flops_per_token(depth, hidden, cols) / 1e12 / peak,
                 host_share=host / steps / seconds, peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)

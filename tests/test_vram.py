@@ -192,7 +192,7 @@ def test_late_interaction(rng, form):
 
 @pytest.fixture(params=["1", "0"], ids=["own", "cudnn"])
 def attention(request, monkeypatch):
-    """On Hopper, the library's own attention kernels (UFORM_HOPPER_ATTENTION=1) and cuDNN's; elsewhere cuDNN's twice."""
+    """On Hopper, the library's own attention kernels and cuDNN's (UFORM_HOPPER_ATTENTION=0); elsewhere cuDNN's twice."""
     monkeypatch.setenv("UFORM_HOPPER_ATTENTION", request.param)
 
 

@@ -81,7 +81,7 @@ class Determinism(str, enum.Enum):
     """Whether a run's bits repeat: the same seed and batches, the same bits, on the same GPU."""
 
     BITWISE = "bitwise"  #: Every sum in a fixed order: runs repeat bit for bit.
-    FAST = "fast"  #: cuDNN's attention adds query gradients as they land: about 4 % faster, last bits vary.
+    FAST = "fast"  #: cuDNN's attention (off Hopper) adds query gradients as they land: ~4 % faster, last bits vary.
 
 
 class PairLossForm(enum.IntEnum):

@@ -1,9 +1,9 @@
 /**
  *  @file   attention.cpp
  *  @brief  Bidirectional attention within each item of the packed stream, forward and backward:
- *          cuDNN's fused attention over ragged (per-item) offsets, or on Hopper, when
- *          `UFORM_HOPPER_ATTENTION=1` asks, the library's own kernels (`attention_hopper.cuh`,
- *          launched from `attention.cu`). Host code only, so the frontend's heavy headers pass
+ *          the library's own kernels on Hopper (`attention_hopper.cuh`, launched from
+ *          `attention.cu`), or cuDNN's fused attention over ragged (per-item) offsets elsewhere and
+ *          where `UFORM_HOPPER_ATTENTION=0` asks. Host code only, so the frontend's heavy headers pass
  *          through the host compiler once; `attention.cu` holds the device side.
  *
  *  The own kernels keep each query's log-sum-exp as the CPU does, (heads, tokens), and need no

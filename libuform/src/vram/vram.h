@@ -71,8 +71,8 @@ uform_status_t uform_vram_attention_open(uform_vram_context_t* context);
 uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t* lengths, int64_t* ragged_qkv,
                                          int64_t* ragged_o, uform_items_t const* items, size_t hidden);
 void uform_vram_attention_close(uform_vram_context_t* context);
-/** The library's own attention (`attention_hopper.cuh`), in place of cuDNN's on Hopper when `UFORM_HOPPER_ATTENTION=1`
- *  asks for it: the tensor-map encoder it launches with, or NULL where it does not run (another GPU, not asked). Its
+/** The library's own attention (`attention_hopper.cuh`), in place of cuDNN's on Hopper unless `UFORM_HOPPER_ATTENTION=0`
+ *  says no: the tensor-map encoder it launches with, or NULL where it does not run (another GPU, told not to). Its
  *  statistics are each query's log-sum-exp, (heads, tokens); its backward pass takes (heads, tokens) floats of the
  *  attention's scratch. */
 void* uform_vram_hopper_attention(uform_vram_context_t* context);
