@@ -393,13 +393,13 @@ def overrun_tape():
         ),
         (
             dict(contents=["a", "b", "c"], modalities=["text"] * 3, relations=dict(attract=Edges([0, 1, 2], [1, 0]))),
-            "batch.relations.attract.offsets: 3 entries, expected items + 1 = 4",
+            "batch.relations.attract.offsets: 3 entries, expected 4, one more than the items",
         ),
-        (dict(modalities=["text"]), "batch.modalities: 1 entries, expected items = 2"),
+        (dict(modalities=["text"]), "batch.modalities: 1 entry, expected 2, one per item"),
         (dict(modalities=["text", "txt"]), "batch.modalities[1]:"),
-        (dict(bags=[0, 1, 2]), "batch.bags: 3 entries, expected items = 2"),
-        (dict(temperature_groups=[0]), "batch.temperature_groups: 1 entries, expected items = 2"),
-        (dict(sides=[0, 1, 2]), "batch.sides: 3 entries, expected items = 2"),
+        (dict(bags=[0, 1, 2]), "batch.bags: 3 entries, expected 2, one per item"),
+        (dict(temperature_groups=[0]), "batch.temperature_groups: 1 entry, expected 2, one per item"),
+        (dict(sides=[0, 1, 2]), "batch.sides: 3 entries, expected 2, one per item"),
         (dict(sides=[0, "query"]), "batch.sides[1]:"),
         (dict(bags=[0, -1]), "batch.bags[1]: -1 is negative"),
         (dict(relations=dict(attract=Edges([0, 1, 2], [1, 2**32]))), "batch.relations.attract.ids[1]: 4294967296 exceeds"),
@@ -413,7 +413,7 @@ def overrun_tape():
         (dict(relations=dict(attract=dict(offsets=[0, 1, 2], idz=[1, 0]))), "batch.relations.attract.idz: unknown field"),
         (dict(content=["x", "y"]), "batch.content: unknown field"),
         (lambda: dict(contents=overrun_tape()), "batch.contents.offsets: the last offset 9 is past the data's 3 bytes"),
-        (dict(choices=["yn"]), "batch.choices: 1 entries, expected items = 2"),
+        (dict(choices=["yn"]), "batch.choices: 1 entry, expected 2, one per item"),
         (dict(contents="just one string"), "batch.contents: expected a list of entries or a uform.Tape"),
     ],
 )
@@ -737,7 +737,7 @@ def test_tape_contents_train_as_lists_do(cpu):
 def test_choice_tapes_are_checked_for_their_kind(trainer):
     with pytest.raises(uform.InvalidArgument, match=r"^batch\.choice_targets: expected a float32 tape"):
         trainer.step(pair_batch(choices=["yn", ""], choice_targets=Tape(b"ab", [0, 2, 2])))
-    with pytest.raises(uform.InvalidArgument, match=r"^batch\.choice_targets: 1 entries, expected items = 2"):
+    with pytest.raises(uform.InvalidArgument, match=r"^batch\.choice_targets: 1 entry, expected 2, one per item"):
         trainer.step(pair_batch(choices=["yn", ""], choice_targets=[np.float32([0.9, 0.1])]))
     with pytest.raises(uform.InvalidArgument, match=r"^batch\.contents: expected a tape of bytes"):
         trainer.step(pair_batch(contents=Tape(np.zeros(4, np.float32), [0, 2, 4])))
@@ -796,7 +796,7 @@ def test_encoder_embeds_as_the_trainer_scores(cpu, tmp_path):
         many = encoder.deferred().embed(["text"] * 6, tape, scalar=Scalar.BF16).wait()
         assert many.shape == (6, HIDDEN)
         assert np.allclose(many.to_float32()[4:], scored, atol=1e-2)
-        with pytest.raises(uform.InvalidArgument, match=r"^modalities: 1 entries, expected items = 2$"):
+        with pytest.raises(uform.InvalidArgument, match=r"^modalities: 1 entry, expected 2, one per item$"):
             encoder.embed(["text"], texts)
         with pytest.raises(uform.Busy, match=r"^executor: borrowed by a live encoder"):
             cpu.free()

@@ -622,7 +622,7 @@ def test_bad_media_are_refused_by_name(media_checkpoint):
         module.embed([b"GIF89a" + bytes(20)], ["image"])
     with pytest.raises(uform.InvalidArgument, match=r"items\[0\]: expected the bytes of an encoded image file"):
         module.embed(["a red panda"], ["image"])
-    with pytest.raises(uform.InvalidArgument, match=r"modalities: 1 entries, expected items = 2"):
+    with pytest.raises(uform.InvalidArgument, match=r"modalities: 1 entry, expected 2, one per item"):
         module.embed([image, "a"], ["image"])
     with pytest.raises(uform.InvalidArgument, match=r"modalities: expected a list of Modality, got str"):
         module.embed([image], "image")

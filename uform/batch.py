@@ -237,12 +237,18 @@ def _fields(value: Any, kind: type, names: set, path: str) -> Mapping:
     raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
 
 
+def one_per_item(path: str, given: int, items: int, extra: int = 0) -> InvalidArgument:
+    """The error of a per-item field of the wrong length (`extra`: 1 for offsets, one more than the items)."""
+    expected = f"{items + 1}, one more than the items" if extra else f"{items}, one per item"
+    return InvalidArgument(f"{path}: {given} {'entry' if given == 1 else 'entries'}, expected {expected}")
+
+
 def _per_item(values: Any, items: int, path: str) -> Optional[np.ndarray]:
     if values is None:
         return None
     array = unsigned_array(values, np.uint32, path)
     if len(array) != items:
-        raise InvalidArgument(f"{path}: {len(array)} entries, expected items = {items}")
+        raise one_per_item(path, len(array), items)
     return array
 
 
@@ -260,7 +266,7 @@ def _modalities(values: Any, items: int, path: str) -> np.ndarray:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise InvalidArgument(f"{path}: expected a list of Modality, got {type(values).__name__}")
     if len(values) != items:
-        raise InvalidArgument(f"{path}: {len(values)} entries, expected items = {items}")
+        raise one_per_item(path, len(values), items)
     table = _native.C_ENUMS["modality"]
     return np.array([table[enum_member(Modality, value, f"{path}[{i}]").value] for i, value in enumerate(values)], np.uint32)
 
@@ -274,7 +280,7 @@ def _edges(value: Any, items: int, path: str):
             raise InvalidArgument(f"{path}.{name}: required")
     offsets = unsigned_array(given["offsets"], np.uint32, f"{path}.offsets")
     if len(offsets) != items + 1:
-        raise InvalidArgument(f"{path}.offsets: {len(offsets)} entries, expected items + 1 = {items + 1}")
+        raise one_per_item(f"{path}.offsets", len(offsets), items, extra=1)
     ids = unsigned_array(given["ids"], np.uint32, f"{path}.ids")
     weights = given.get("weights")
     if weights is not None:
@@ -307,7 +313,7 @@ def normalize_batch(batch: Any, path: str = "batch") -> dict:
         if given.get(name) is not None:
             tape = _tape(given[name], f"{path}.{name}", float32=float32)
             if len(tape) != items:
-                raise InvalidArgument(f"{path}.{name}: {len(tape)} entries, expected items = {items}")
+                raise one_per_item(f"{path}.{name}", len(tape), items)
             normalized[name] = tape._pinnable(f"{path}.{name}", float32=float32)
     relations = given.get("relations")
     if relations is not None and not isinstance(relations, Mapping):

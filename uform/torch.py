@@ -41,6 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save as save_tensors
 
 from . import _note_bytes, media_tokens
+from .batch import one_per_item
 from .config import LateInteractionSide, Modality, enum_member
 from .errors import InvalidArgument, InvalidCheckpoint, StorageError, Unsupported
 
@@ -424,13 +425,13 @@ class Encoder(nn.Module):
         if isinstance(items, (str, bytes)):
             raise InvalidArgument(f"items: expected a list of str or bytes, got one {type(items).__name__}")
         if sides is not None and len(sides) != len(items):
-            raise InvalidArgument(f"sides: {len(sides)} entries, expected items = {len(items)}")
+            raise one_per_item("sides", len(sides), len(items))
         if modalities is None:
             return self._text_rows(_contents(items, "items", required=True), sides, False)[0]
         if isinstance(modalities, (str, bytes)) or not hasattr(modalities, "__len__"):
             raise InvalidArgument(f"modalities: expected a list of Modality, got {type(modalities).__name__}")
         if len(modalities) != len(items):
-            raise InvalidArgument(f"modalities: {len(modalities)} entries, expected items = {len(items)}")
+            raise one_per_item("modalities", len(modalities), len(items))
         kinds = [enum_member(Modality, modality, f"modalities[{i}]") for i, modality in enumerate(modalities)]
         texts = [i for i, kind in enumerate(kinds) if kind == Modality.TEXT]
         rows: list = [None] * len(items)

@@ -310,7 +310,8 @@ typedef struct uform_schedule_t {
     uint64_t steps;          /**< Required: the steps the cosine spans. */
 } uform_schedule_t;
 
-/** @brief A training run's geometry, objectives and schedule. */
+/** @brief A training run's geometry, objectives and schedule, for `uform_trainer_init_vram` and
+ *  `uform_trainer_init_ram` alike (the CPU's run is configured as the GPU's). */
 typedef struct uform_trainer_init_vram_t {
     char const* resume; /**< A checkpoint to continue from; NULL starts from `seed`; "" is refused. */
     uint32_t depth;     /**< Transformer blocks, 1 to 256; required. */
