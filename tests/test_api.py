@@ -805,3 +805,10 @@ def test_encoder_embeds_as_the_trainer_scores(cpu, tmp_path):
         encoder.embed(["text"], ["x"])
     with pytest.raises(uform.StorageError):
         uform.Encoder.load(tmp_path / "missing.safetensors", cpu)
+
+
+def test_dir_offers_the_public_names_not_the_helpers_the_package_imports():
+    names = dir(uform)
+    assert set(uform.__all__) <= set(names) and {"data", "torch"} <= set(names)
+    assert not {"np", "os", "Any", "normalize_batch", "unsigned_array"} & set(names)
+    assert uform.normalize_batch  # still there for the package's own modules

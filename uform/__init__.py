@@ -141,6 +141,12 @@ __all__ = [
 ]
 
 
+def __dir__() -> List[str]:
+    """What `dir(uform)` and completion offer: the public names and the modules the docs name (`uform.data`,
+    `uform.torch`, `uform.cli`, `uform.demo`), not the helpers the package imports for itself."""
+    return sorted(set(__all__) | {"data", "torch", "cli", "demo"})
+
+
 def capabilities() -> set:
     """What this build and machine can do: a set of "ram" (the CPU backend), "vram" (CUDA), "mesh", and the
     media formats it decodes ("jpeg", "png", "webp", "wav", "flac", "mp3", "ogg", "mp4", "webm", "mkv")."""
