@@ -303,6 +303,10 @@ def test_wrong_types_name_the_field(cpu, overrides, field):
         (dict(schedule=dict(steps=10, learning_rate=float("nan"))), "config.schedule.learning_rate: nan is not in [0, 1]"),
         (dict(schedule=dict(steps=10, learning_rate=-float("nan"))), "config.schedule.learning_rate: nan is not in [0, 1]"),
         (dict(resume=""), "config.resume: empty; leave it NULL (None in Python) to start a new run"),
+        (dict(batch=dict(max_rows_per_device=600, max_columns_per_row=16)),
+         "config.batch.max_segments_per_device: 4800 is over 4096 (derived as 8 per row: give it, 4096 or fewer)"),
+        (dict(batch=dict(max_rows_per_device=600, max_columns_per_row=16, max_segments_per_device=5000)),
+         "config.batch.max_segments_per_device: 5000 is over 4096"),
     ],
 )
 def test_values_the_c_library_refuses_are_worded_exactly(cpu, overrides, message):

@@ -601,8 +601,9 @@ def test_a_run_whose_data_moved_resumes_over_the_same_files_where_they_are_now(r
     os.rename(tmp_path / "elsewhere" / "train.jsonl", tmp_path / "train.jsonl")
     write_pairs(tmp_path / "train.jsonl", range(61))  # one record more: not the file the run read
     assert cli.main(["train", run("grown", every=100)]) == 1
-    assert (f"uform train: data.paths: the shard listed now (below {tmp_path}) is not the files step 4 was read from "
-            f"(below {tmp_path / 'elsewhere'}): a run resumes over the same files") in capsys.readouterr().err
+    assert (f"uform train: data.paths: the shard listed now (train.jsonl below {tmp_path}) is not the files step 4 "
+            f"was read from (below {tmp_path / 'elsewhere'}, their names and sizes kept as a digest): a run resumes over "
+            "the same files") in capsys.readouterr().err
 
 
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):
@@ -616,8 +617,9 @@ def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(r
     assert len(json.dumps([str(tmp_path / "train.jsonl")] * 20000)) > 2**20
     capsys.readouterr()
     assert cli.main(["train", run(steps=9)]) == 1  # the same run over other shards
-    assert (f"data.paths: the shard listed now (below {tmp_path}) is not the files step 6 was read from "
-            f"(below {tmp_path}): a run resumes over the same files") in capsys.readouterr().err
+    assert (f"data.paths: the shard listed now (train.jsonl below {tmp_path}) is not the files step 6 was read from "
+            f"(below {tmp_path}, their names and sizes kept as a digest): a run resumes over the same files"
+            ) in capsys.readouterr().err
 
 
 def test_the_tutorials_config_is_one_uform_train_reads(tmp_path):
@@ -1227,3 +1229,32 @@ def test_a_shard_edited_in_place_is_said_when_the_run_resumes(run, tmp_path, cap
     capsys.readouterr()
     assert cli.main(["train", run(steps=4)]) == 0
     assert "uform: data.paths: a shard's size changed since step 3 was saved" in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_utf8_is_refused_in_one_line(tmp_path, capsys):
+    config = tmp_path / "utf16.toml"
+    config.write_bytes(b"\xff\xfe[trainer]\n")
+    assert cli.main(["train", str(config)]) == 1
+    assert f"CONFIG: {config}: not TOML: byte 0 is not UTF-8 text\n" in capsys.readouterr().err
+
+
+def test_a_weights_only_resume_is_refused_as_such_whatever_the_steps(run, tmp_path, capsys):
+    """Said before comparing steps: raising schedule.steps past the checkpoint's would not make it resumable."""
+    assert cli.main(["train", run(steps=3)]) == 0
+    weights = tmp_path / "weights.safetensors"
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", seed=3, schedule=dict(steps=3),
+            batch=dict(max_rows_per_device=8, max_columns_per_row=64),
+            resume=str(tmp_path / "runs" / "pairs" / "checkpoints" / "step-000000003.safetensors"))) as trainer:
+        trainer.save(str(weights), weights_only=True)  # at step 3
+    for steps in (1, 9):
+        capsys.readouterr()
+        assert cli.main(["train", run("other", steps=steps, **{"seed = 3": f'seed = 3\nresume = "{weights}"'})]) == 1
+        assert (f"uform train: trainer.resume: {weights} is a weights-only checkpoint: it holds no optimizer moments, "
+                "so no run resumes from it") in capsys.readouterr().err
+
+
+def test_options_are_not_taken_by_an_abbreviation(capsys):
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["embed", "a.safetensors", "in.jsonl", "out.npy", "--colum", "doc"])
+    assert ended.value.code == 2 and "unrecognized arguments: --colum doc" in capsys.readouterr().err

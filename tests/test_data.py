@@ -261,6 +261,16 @@ def test_a_jsonl_line_with_bytes_that_are_not_utf8_names_its_text_as_csv_does(tm
             next(stream)
 
 
+def test_a_byte_order_mark_opening_a_jsonl_or_csv_file_is_no_part_of_its_first_record(tmp_path):
+    """Windows tools (Excel's "CSV UTF-8", Notepad) begin UTF-8 files with one."""
+    jsonl, table = tmp_path / "marked.jsonl", tmp_path / "marked.csv"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"question": "q0", "answer": "a0"}\n{"question": "q1", "answer": "a1"}\n')
+    table.write_bytes(b"\xef\xbb\xbfquestion,answer\nq0,a0\nq1,a1\n")
+    for path in (jsonl, table):
+        read = [values for _, values, _ in records(dict(paths=[str(path)], columns=PAIRS))]
+        assert read == [dict(question="q0", answer="a0"), dict(question="q1", answer="a1")], path
+
+
 def test_bad_records_are_refused_when_asked_naming_the_first(tmp_path):
     for dataset, bad in bad_datasets(tmp_path):
         with Stream(dict(dataset, shuffle_buffer=0, bad_records="refuse"), CONFIG) as stream:

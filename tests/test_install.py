@@ -114,6 +114,17 @@ def test_c_program_builds_from_the_flags_and_trains(tmp_path):
     assert (tmp_path / "c.safetensors").stat().st_size > 0
 
 
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_the_readmes_c_example_builds_and_runs(tmp_path):
+    with open(os.path.join(ROOT, "README.md")) as readme:
+        (program,) = re.findall(r"```c\n(.*?)```", readme.read(), re.S)
+    (tmp_path / "program.c").write_text(program)
+    subprocess.run(["cc", "-std=c99", "-pedantic-errors", "-Wall", "-Werror", "program.c", *flags("--cflags", "--libs"),
+                    "-o", "program"], cwd=tmp_path, check=True)
+    result = subprocess.run(["./program"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+
+
 def test_uform_config_prints_what_python_m_uform_prints():
     command = shutil.which("uform-config", path=os.path.dirname(sys.executable))
     if IN_PLACE or command is None:

@@ -42,7 +42,8 @@ def test_loss_goes_down_and_retrieval_improves(tmp_path):
 @pytest.mark.parametrize("options, said", [
     (["--held-out", "5000"], "uform-demo: --held-out 5000 leaves 0 of the "),
     (["--pairs-per-step", "5000"], "fewer than --pairs-per-step 5000"),
-    (["--held-out", "0"], "uform-demo: error: --held-out: 0 is below 1"),
+    (["--held-out", "1"], "uform-demo: error: --held-out: 1 is below 2"),
+    (["--out", "/nonexistent-uform/demo.safetensors"], "uform-demo: error: --out: its folder /nonexistent-uform does not"),
     (["--pairs-per-step", "0"], "--pairs-per-step: 0 is below 1"),
     (["--hidden", "100"], "uform-demo: config.hidden: 100 is not a multiple of"),
     (["--task", "images", "--held-out", "100000"], "uform-demo: --held-out: 100000 scenes asked"),

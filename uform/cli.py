@@ -39,7 +39,7 @@ from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards
 from .data.dataset import check_columns, refused_item
 from .data.readers import columns_of_first_record
 from .data.stream import CURSOR_KEYS, UnusableEpochs
-from .errors import Error, InvalidArgument, PeerError, Unsupported, unknown_field
+from .errors import Error, InvalidArgument, InvalidCheckpoint, PeerError, Unsupported, unknown_field
 from .logs import RunLog
 
 try:
@@ -189,6 +189,8 @@ def load_config(path: str) -> TrainConfig:
             sections = tomllib.load(file)
     except tomllib.TOMLDecodeError as error:
         raise InvalidArgument(f"CONFIG: {path}: not TOML: {error}") from None
+    except UnicodeDecodeError as error:  # TOML is UTF-8; tomllib decodes the file whole before it parses
+        raise InvalidArgument(f"CONFIG: {path}: not TOML: byte {error.start} is not UTF-8 text") from None
     except FileNotFoundError:
         raise InvalidArgument(f"CONFIG: {path}: no such file") from None
     except OSError as error:
@@ -700,10 +702,12 @@ def _train(config_path: str, index: int) -> int:
                       "before where it stopped shifts what it reads next", file=sys.stderr)
         else:  # the same files, moved to another folder or mount, resume there
             if files and kept and kept != files:
+                names = [os.path.relpath(os.path.abspath(path), common) for path in listed]
+                named = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
                 raise InvalidArgument(
-                    f"data.paths: {'the shard' if len(listed) == 1 else f'the {len(listed)} shards'} listed now (below "
-                    f"{common}) {'is' if len(listed) == 1 else 'are'} not the files step {step} was read from (below "
-                    f"{written.get('data')}): a run resumes over the "
+                    f"data.paths: {'the shard' if len(listed) == 1 else f'the {len(listed)} shards'} listed now ({named} "
+                    f"below {common}) {'is' if len(listed) == 1 else 'are'} not the files step {step} was read from "
+                    f"(below {written.get('data')}, their names and sizes kept as a digest): a run resumes over the "
                     "same files, by name below their folder, size and order, moved or not; to train on other data, "
                     f"start a new run from {latest}: in a new run.folder, with [trainer] resume, its data starts over")
             if files and kept:
@@ -723,7 +727,13 @@ def _train(config_path: str, index: int) -> int:
     elif trainer_config.get("resume"):
         if not os.path.isfile(trainer_config["resume"]):
             raise InvalidArgument(f"trainer.resume: {trainer_config['resume']}: no such file")
-        step = checkpoint_step(trainer_config["resume"], "trainer.resume")  # another run's weights: the data starts over
+        given = trainer_config["resume"]
+        metadata = read_header(given, "trainer.resume")[0]
+        if metadata.get("weights_only") == "true":  # said first: no schedule.steps makes it a run to resume
+            raise InvalidCheckpoint(f"trainer.resume: {given} is a weights-only checkpoint: it holds no optimizer "
+                                    "moments, so no run resumes from it; resume from a whole checkpoint (saved "
+                                    "without weights_only), or load this one for inference with uform embed")
+        step = int(metadata.get("step", 0))  # another run's weights: the data starts over
     if step >= steps and complete and config.evaluation is not None and step not in evaluated_steps(folder):
         # A signal during the last step stops the run before its final evaluation: this run makes it, training nothing.
         print(f"uform: {folder} is at step {step}, done training, but its log holds no evaluation of that step (the "
@@ -1361,16 +1371,18 @@ def _host_domain_index(given: Optional[int]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    # No abbreviations: `--colum` is refused, not taken as `--column` (nor a later option's prefix as another).
     parser = argparse.ArgumentParser(prog="uform", description=__doc__, epilog=sections_help(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"uform {uform.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    training = commands.add_parser("train", help="train from a TOML config, resuming from its run folder's latest checkpoint")
+    training = commands.add_parser("train", allow_abbrev=False,
+                                   help="train from a TOML config, resuming from its run folder's latest checkpoint")
     training.add_argument("config")
     training.add_argument("--host-domain-index", type=int, metavar="I",
                           help="this process's index in a [mesh] of several (default: $UFORM_HOST_DOMAIN_INDEX, or 0)")
-    embedding = commands.add_parser("embed", help="embed one column of a table, a tar shard or a folder into .npy "
-                                    "or .parquet")
+    embedding = commands.add_parser("embed", allow_abbrev=False,
+                                    help="embed one column of a table, a tar shard or a folder into .npy or .parquet")
     embedding.add_argument("checkpoint")
     embedding.add_argument("input", help="one path, no glob pattern: a JSONL, CSV or Parquet file, one tar shard, "
                                          "or a folder of files grouped by key (its .tar files too: not as shards)")
@@ -1385,7 +1397,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     embedding.add_argument("--threads", type=int,
                            help="CPU threads; 0 or absent: every core (ignored on a GPU, saying so)")
     embedding.add_argument("--chunk", type=int, default=256, help="items embedded per call")
-    described = commands.add_parser("info", help="a checkpoint's geometry, step, config and tensor sizes")
+    described = commands.add_parser("info", allow_abbrev=False,
+                                    help="a checkpoint's geometry, step, config and tensor sizes")
     described.add_argument("checkpoint")
     described.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)

@@ -247,7 +247,7 @@ def defaults_help(name):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="uform-demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="uform-demo", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     gpu = "vram" in uform.capabilities()
     parser.add_argument("--task", choices=list(DEFAULTS), default="signatures",
@@ -263,12 +263,18 @@ def main(argv=None):
     parser.add_argument("--out", help=f"the checkpoint; {defaults_help('out')}")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    given_out = args.out is not None
     for name, values in DEFAULTS[args.task].items():
         if getattr(args, name) is None:
             setattr(args, name, values if isinstance(values, str) else values[gpu])
     for name in ("steps", "pairs_per_step", "held_out", "depth", "hidden"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: {getattr(args, name)} is below 1")
+        least = 2 if name == "held_out" else 1  # recall among one held-out pair is 1 whatever the model
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')}: {getattr(args, name)} is below {least}")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if given_out and not os.path.isdir(folder):  # refused now, as `Trainer.save` would refuse it after training
+        parser.error(f"--out: its folder {folder} does not exist")
+    os.makedirs(folder, exist_ok=True)  # the default's `runs/`
     try:
         return run_images(args, gpu) if args.task == "images" else run_signatures(args, gpu)
     except (Refused, uform.InvalidArgument) as error:  # what the options ask that the data or the library cannot do
@@ -359,7 +365,6 @@ def train_and_measure(args, gpu, batch, batches, measure, describe):
         depth=args.depth, hidden=args.hidden, objective=uform.Objective(args.objective), seed=args.seed, batch=batch,
         schedule=uform.Schedule(learning_rate=args.learning_rate, steps=args.steps, warmup_steps=max(1, args.steps // 20)),
     )
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with executor, init(executor, config) as trainer:
         trainer.save(args.out)
         with uform.Encoder.load(args.out, executor) as encoder:

@@ -701,7 +701,8 @@ UFORM_API uform_status_t uform_checkpoint_note(char const* path, char* note, siz
 
 /** @brief A batch of items to embed, and where their embeddings land. */
 typedef struct uform_encoder_embed_t {
-    size_t count;                       /**< Items; any number: the encoder splits them to fit. */
+    size_t count;                       /**< Items; any number: the encoder splits them to fit. None
+                                             embeds into nothing, and the arrays may then be NULL. */
     uform_modality_t const* modalities; /**< `count` modalities. */
     uform_tape_t contents;              /**< `count` byte entries. */
     void* embeddings;                   /**< Out: `count x hidden` scalars, unit-norm pooled embeddings. */

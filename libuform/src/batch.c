@@ -73,7 +73,8 @@ void uform_packed_free(uform_packed_t* packed) {
    Messages count offsets from `first`, where the caller's tape starts this one. */
 static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, size_t first,
                                        uint64_t* snapshot, char const** error) {
-    if (tape->count != count) return UFORM_INVALID("%s: %zu entries for %zu items", name, tape->count, count);
+    if (tape->count != count)
+        return UFORM_INVALID("%s: %zu %s for %zu items", name, tape->count, tape->count == 1 ? "entry" : "entries", count);
     if (!tape->offsets) return UFORM_INVALID("%s: NULL offsets", name);
     uint64_t before = snapshot[0] = tape->offsets[0];
     for (size_t i = 0; i != count; ++i) {

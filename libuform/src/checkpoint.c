@@ -170,7 +170,8 @@ static void uform_leftovers_sweep(char const* path, size_t folder) {
 uform_status_t uform_checkpoint_save(char const* path, uform_layout_t const* layout, float const* weights,
                                      float const* first, float const* second, uint64_t step,
                                      char const* config_json, char const* note, char const** error) {
-    if (!path || !*path) return uform_fail(error, uform_status_invalid_argument_k, "path: empty");
+    if (!path) return uform_fail(error, uform_status_invalid_argument_k, "path: NULL");
+    if (!*path) return uform_fail(error, uform_status_invalid_argument_k, "path: empty");
     char const* slash = strrchr(path, '/');
     size_t folder = slash ? (size_t)(slash - path + 1) : 0;
     char const* name = path + folder;

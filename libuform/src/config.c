@@ -70,7 +70,8 @@ static uform_status_t uform_fields_derive(void* base, size_t begin, size_t end, 
 
 /* What the batch shape's fields ask of each other, once its rows have derived and checked each alone. */
 static uform_status_t uform_batch_shape_check(uform_batch_shape_t* batch, char const* path, char const** error) {
-    if (!batch->max_segments_per_device) batch->max_segments_per_device = 8 * batch->max_rows_per_device;
+    int derived = !batch->max_segments_per_device;
+    if (derived) batch->max_segments_per_device = 8 * batch->max_rows_per_device;
     if (!batch->max_bags_per_device) batch->max_bags_per_device = batch->max_segments_per_device;
     if (batch->max_columns_per_row > uform_longest_row_k)
         return UFORM_INVALID("%s.max_columns_per_row: %u is over %d, the longest row an encoder embeds in "
@@ -79,7 +80,8 @@ static uform_status_t uform_batch_shape_check(uform_batch_shape_t* batch, char c
         return UFORM_INVALID("%s: %u rows x %u columns is over 2^24 tokens per device", path,
                              batch->max_rows_per_device, batch->max_columns_per_row);
     if (batch->max_segments_per_device > 4096)
-        return UFORM_INVALID("%s.max_segments_per_device: %u is over 4096", path, batch->max_segments_per_device);
+        return UFORM_INVALID("%s.max_segments_per_device: %u is over 4096%s", path, batch->max_segments_per_device,
+                             derived ? " (derived as 8 per row: give it, 4096 or fewer)" : "");
     if (batch->image.channels != 1 && batch->image.channels != 3 && batch->image.channels != 4)
         return UFORM_INVALID("%s.image.channels: %u is not 1 (gray), 3 (RGB) or 4 (RGBA)", path, batch->image.channels);
     if (batch->video.channels != 1 && batch->video.channels != 3 && batch->video.channels != 4)

@@ -200,7 +200,8 @@ static uform_status_t uform_spread_edges(uform_spread_t const* s, uform_config_t
 static uform_status_t uform_tape_entries(uform_tape_t const* tape, int required, size_t count, char const* name,
                                          char const** error) {
     int given = required || tape->offsets || tape->data;
-    return given && tape->count != count ? UFORM_INVALID("%s: %zu entries for %zu items", name, tape->count, count)
+    return given && tape->count != count ? UFORM_INVALID("%s: %zu %s for %zu items", name, tape->count,
+                                                         tape->count == 1 ? "entry" : "entries", count)
                                          : uform_status_success_k;
 }
 

@@ -172,14 +172,17 @@ uform_status_t uform_encoder_embed(uform_encoder_t handle, uform_encoder_embed_t
     if ((unsigned)embed->embeddings_scalar > uform_scalar_i8_k)
         return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings_scalar: %d is not a scalar type",
                           (int)embed->embeddings_scalar);
-    if (!embed->embeddings) return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings: NULL");
-    if (!embed->modalities || !embed->contents.offsets || embed->contents.count != embed->count)
+    /* No items embed into nothing: their arrays may be NULL, as an empty array's pointer may be. */
+    if (embed->count && !embed->embeddings)
+        return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings: NULL");
+    if ((embed->count && (!embed->modalities || !embed->contents.offsets)) || embed->contents.count != embed->count)
         return uform_fail(error, uform_status_invalid_argument_k,
                           "embed: needs %zu modalities and a tape of as many contents", embed->count);
     void* encoder;
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
-    status = uform_encoder_chunks(encoder, embed, error);
+    embed->truncated_items = 0;
+    if (embed->count) status = uform_encoder_chunks(encoder, embed, error);
     uform_handles_leave(encoder);
     return status;
 }

@@ -476,12 +476,21 @@ int main(int argc, char** argv) {
     REFUSED_EXACTLY(uform_mesh_free(mesh, &error), uform_status_busy_k,
                     "mesh: 1 live trainer(s) borrow it; free them first"); /* only a trainer borrows a mesh */
     CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
+    REFUSED_EXACTLY(uform_trainer_save(trainer, NULL, &error), uform_status_invalid_argument_k, "path: NULL");
+    REFUSED_EXACTLY(uform_trainer_save(trainer, "", &error), uform_status_invalid_argument_k, "path: empty");
     CHECK(uform_trainer_save(trainer, path, &error) == uform_status_success_k);
     steps_in_flight_misuse(executor, path);
 
     uform_encoder_t encoder = NULL;
     CHECK(uform_encoder_load(executor, path, &encoder, NULL, &error) == uform_status_success_k);
     CHECK(uform_encoder_embed(encoder, &embed, &error) == uform_status_success_k);
+    uform_encoder_embed_t none; /* no items embed into nothing, their arrays NULL */
+    memset(&none, 0, sizeof(none));
+    none.truncated_items = 9;
+    CHECK(uform_encoder_embed(encoder, &none, &error) == uform_status_success_k && none.truncated_items == 0);
+    none.count = 1;
+    REFUSED_EXACTLY(uform_encoder_embed(encoder, &none, &error), uform_status_invalid_argument_k,
+                    "embed.embeddings: NULL");
 
     /* Double frees, and use after free, of every kind. */
     CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);

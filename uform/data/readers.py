@@ -15,6 +15,7 @@ refuses it, as the dataset asks, so no record is lost without a word.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import itertools
 import json
@@ -97,10 +98,13 @@ def pick(values: Dict[str, Any], column: str) -> Any:
 def read_jsonl(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """One JSON object per line; blank lines are no records. A line that is no JSON object still
     counts as a record, whose values are None, so the stream can name it as bad. Bytes that are not
-    UTF-8 stay in its strings as lone surrogates, as in CSV, so the text holding them is named."""
+    UTF-8 stay in its strings as lone surrogates, as in CSV, so the text holding them is named. A
+    byte-order mark opening the file (as Windows tools write UTF-8) is no part of the first record."""
     with open(path, "rb") as lines:
         records = ((number, line) for number, line in enumerate(lines, 1) if line.strip())
         for number, line in itertools.islice(records, start, None):
+            if number == 1 and line.startswith(codecs.BOM_UTF8):
+                line = line[len(codecs.BOM_UTF8):]
             try:
                 values = json.loads(line.decode("utf-8", "surrogateescape"))
             except ValueError:
@@ -110,8 +114,9 @@ def read_jsonl(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) ->
 
 def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """A header row names the columns; every later row is a record (quoted fields may span lines, and
-    is named by the line it begins on); blank lines are no records, as `csv.DictReader` has it."""
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as file:
+    is named by the line it begins on); blank lines are no records, as `csv.DictReader` has it. A
+    byte-order mark opening the file is skipped (`utf-8-sig`), as for JSONL."""
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as file:
         rows, number, line = csv.reader(file), 0, 1
         try:
             header = next(rows, None)
@@ -175,7 +180,7 @@ def _pyarrow_parquet():
 
 
 def csv_columns(path: str) -> List[str]:
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as file:
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as file:
         return next(csv.reader(file), [])
 
 
