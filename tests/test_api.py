@@ -411,7 +411,7 @@ def overrun_tape():
         (dict(relations=dict(ignore=Edges([0, 1, 2], [1.5, 0]))), "batch.relations.ignore.ids: expected unsigned integers"),
         (
             dict(relations=dict(attract=Edges([0, 1, 2], [1, 0], weights=[1.0]))),
-            "batch.relations.attract.weights: 1 entries, expected as many as ids = 2",
+            "batch.relations.attract.weights: 1 entry, expected 2, one per id",
         ),
         (dict(relations=dict(atract=Edges([0, 1, 2], [1, 0]))), "batch.relations.atract: unknown field"),
         (dict(relations=dict(attract=dict(offsets=[0, 1, 2], idz=[1, 0]))), "batch.relations.attract.idz: unknown field"),

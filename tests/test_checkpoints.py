@@ -164,7 +164,7 @@ def test_bytes_after_the_last_tensor(cpu, good, tmp_path):
     (b'{"a": {"dtype": "F32", "shape": [18446744073709551616], "data_offsets": [0, 4]}}', r"a number over 2\^64 - 1"),
     (b'{"a": {"dtype": "F32", "shape": [1,2,3,4,5,6,7,8,9], "data_offsets": [0, 4]}}', "shape has more than 8 entries"),
     (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}}', "data_offsets has more than 2 entries"),
-    (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}}', "data_offsets has 1 entries, not 2"),
+    (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}}', "data_offsets has 1 entry, not 2"),
     (b'{"a": {"dtype": "F32", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', '"dtype" is given twice'),
     (b'{"a": {"shape": [1], "data_offsets": [0, 4]}}', "tensor a lacks its dtype"),
     (b'{"a": {}}', "tensor a lacks its dtype"),

@@ -85,7 +85,7 @@ def test_bad_choices_are_refused_by_name(cpu, tmp_path):
     with uform.Encoder.load(path, cpu) as encoder:
         for texts, choices, message in [(["a", "b"], ["yn", ""], r"choices\[1\]: empty"),
                                         (["a"], ["yny"], r"choices\[0\]: byte 121 is offered twice"),
-                                        (["a", "b"], ["yn"], r"choices: 1 entries, expected texts = 2"),
+                                        (["a", "b"], ["yn"], r"choices: 1 entry, expected 2, one per text"),
                                         (["a", ""], ["yn", "yn"], r"^texts\[1\]: empty")]:
             with pytest.raises(uform.InvalidArgument, match=message):
                 encoder.text_choose(texts, choices)

@@ -322,7 +322,7 @@ BAD_CHOICES = [
      r"batch\.choices\[0\]: 9 choices exceed config\.batch\.max_choices_per_item = 8"),
     ("choices without targets", dict(choices=["yn"] + [""] * 5), r"batch\.choice_targets: required"),
     ("choices without an entry per item", dict(choices=["yn"], choice_targets=targets([0.5, 0.5])),
-     r"batch\.choices: 1 entries"),
+     r"batch\.choices: 1 entry, expected 6, one per item"),
 ]
 
 

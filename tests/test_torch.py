@@ -381,7 +381,7 @@ def test_tensor_level_inputs_are_refused_naming_the_argument_and_the_limit(check
              ((tokens.masked_fill(tokens == ord("d"), -1), lengths), r"^tokens\[0, 2\]: -1 is not an id in \[0, 260\)"),
              ((tokens, torch.tensor([9, 0])), r"^lengths\[1\]: 0 is not in \[1, seq = 9\]; every item has at least one"),
              ((tokens, torch.tensor([10, 6])), r"^lengths\[0\]: 10 is not in \[1, seq = 9\]"),
-             ((tokens, lengths[:1]), r"^lengths: 1 entries, expected one per row of tokens = 2$"),
+             ((tokens, lengths[:1]), r"^lengths: 1 entry, expected 2, one per row of tokens$"),
              ((tokens.float(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.float32"),
              ((tokens[0], lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.int64 of shape \(9,\)"),
              ((tokens.tolist(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got list$")]

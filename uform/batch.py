@@ -237,10 +237,10 @@ def _fields(value: Any, kind: type, names: set, path: str) -> Mapping:
     raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
 
 
-def one_per_item(path: str, given: int, items: int, extra: int = 0) -> InvalidArgument:
-    """The error of a per-item field of the wrong length (`extra`: 1 for offsets, one more than the items)."""
-    expected = f"{items + 1}, one more than the items" if extra else f"{items}, one per item"
-    return InvalidArgument(f"{path}: {given} {'entry' if given == 1 else 'entries'}, expected {expected}")
+def wrong_count(path: str, given: int, expected: int, each: str = "one per item") -> InvalidArgument:
+    """The error of a field of `given` entries where `expected` belong, `each` saying why: "2 entries, expected 3,
+    one per item"."""
+    return InvalidArgument(f"{path}: {given} {'entry' if given == 1 else 'entries'}, expected {expected}, {each}")
 
 
 def _per_item(values: Any, items: int, path: str) -> Optional[np.ndarray]:
@@ -248,7 +248,7 @@ def _per_item(values: Any, items: int, path: str) -> Optional[np.ndarray]:
         return None
     array = unsigned_array(values, np.uint32, path)
     if len(array) != items:
-        raise one_per_item(path, len(array), items)
+        raise wrong_count(path, len(array), items)
     return array
 
 
@@ -266,7 +266,7 @@ def _modalities(values: Any, items: int, path: str) -> np.ndarray:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise InvalidArgument(f"{path}: expected a list of Modality, got {type(values).__name__}")
     if len(values) != items:
-        raise one_per_item(path, len(values), items)
+        raise wrong_count(path, len(values), items)
     table = _native.C_ENUMS["modality"]
     return np.array([table[enum_member(Modality, value, f"{path}[{i}]").value] for i, value in enumerate(values)], np.uint32)
 
@@ -280,13 +280,13 @@ def _edges(value: Any, items: int, path: str):
             raise InvalidArgument(f"{path}.{name}: required")
     offsets = unsigned_array(given["offsets"], np.uint32, f"{path}.offsets")
     if len(offsets) != items + 1:
-        raise one_per_item(f"{path}.offsets", len(offsets), items, extra=1)
+        raise wrong_count(f"{path}.offsets", len(offsets), items + 1, "one more than the items")
     ids = unsigned_array(given["ids"], np.uint32, f"{path}.ids")
     weights = given.get("weights")
     if weights is not None:
         weights = float32_array(weights, f"{path}.weights")
         if len(weights) != len(ids):
-            raise InvalidArgument(f"{path}.weights: {len(weights)} entries, expected as many as ids = {len(ids)}")
+            raise wrong_count(f"{path}.weights", len(weights), len(ids), "one per id")
     return offsets, ids, weights
 
 
@@ -313,7 +313,7 @@ def normalize_batch(batch: Any, path: str = "batch") -> dict:
         if given.get(name) is not None:
             tape = _tape(given[name], f"{path}.{name}", float32=float32)
             if len(tape) != items:
-                raise one_per_item(f"{path}.{name}", len(tape), items)
+                raise wrong_count(f"{path}.{name}", len(tape), items)
             normalized[name] = tape._pinnable(f"{path}.{name}", float32=float32)
     relations = given.get("relations")
     if relations is not None and not isinstance(relations, Mapping):
@@ -332,7 +332,7 @@ def normalize_choose(texts: Any, choices: Any):
     text_tape = _tape(texts, "texts", float32=False)
     choice_tape = _tape(choices, "choices", float32=False)
     if len(choice_tape) != len(text_tape):
-        raise InvalidArgument(f"choices: {len(choice_tape)} entries, expected texts = {len(text_tape)}")
+        raise wrong_count("choices", len(choice_tape), len(text_tape), "one per text")
     return text_tape._pinnable("texts", float32=False), choice_tape._pinnable("choices", float32=False), len(text_tape)
 
 

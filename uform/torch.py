@@ -41,7 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save as save_tensors
 
 from . import _note_bytes, media_tokens
-from .batch import one_per_item
+from .batch import wrong_count
 from .config import LateInteractionSide, Modality, enum_member
 from .errors import InvalidArgument, InvalidCheckpoint, StorageError, Unsupported
 
@@ -293,7 +293,7 @@ class Encoder(nn.Module):
                 raise InvalidArgument(f"{expected}, got {value.dtype} of shape {tuple(value.shape)}")
         batch, seq = tokens.shape
         if lengths.shape[0] != batch:
-            raise InvalidArgument(f"lengths: {lengths.shape[0]} entries, expected one per row of tokens = {batch}")
+            raise wrong_count("lengths", lengths.shape[0], batch, "one per row of tokens")
         if seq > self.max_columns_per_row:
             raise InvalidArgument(f"tokens: {seq} positions a row, over the checkpoint's max_columns_per_row = "
                                   f"{self.max_columns_per_row}")
@@ -384,7 +384,7 @@ class Encoder(nn.Module):
         decoder's softmax at a choice position after the text, over those bytes only."""
         offered = _contents(choices, "choices")
         if len(offered) != len(texts):
-            raise InvalidArgument(f"choices: {len(offered)} entries, expected texts = {len(texts)}")
+            raise wrong_count("choices", len(offered), len(texts), "one per text")
         for i, entry in enumerate(offered):
             if not entry:
                 raise InvalidArgument(f"choices[{i}]: empty; every text needs at least one byte to choose from")
@@ -401,7 +401,7 @@ class Encoder(nn.Module):
         queries = [False] * len(contents)
         if sides is not None:
             if len(sides) != len(contents):
-                raise InvalidArgument(f"sides: {len(sides)} entries, expected texts = {len(contents)}")
+                raise wrong_count("sides", len(sides), len(contents), "one per text")
             queries = [_side_queries(side, f"sides[{i}]") for i, side in enumerate(sides)]
             if any(queries) and not self.max_query_span:
                 raise InvalidArgument("encoder: this checkpoint has no token head, so no query span; a run trains "
@@ -425,13 +425,13 @@ class Encoder(nn.Module):
         if isinstance(items, (str, bytes)):
             raise InvalidArgument(f"items: expected a list of str or bytes, got one {type(items).__name__}")
         if sides is not None and len(sides) != len(items):
-            raise one_per_item("sides", len(sides), len(items))
+            raise wrong_count("sides", len(sides), len(items))
         if modalities is None:
             return self._text_rows(_contents(items, "items", required=True), sides, False)[0]
         if isinstance(modalities, (str, bytes)) or not hasattr(modalities, "__len__"):
             raise InvalidArgument(f"modalities: expected a list of Modality, got {type(modalities).__name__}")
         if len(modalities) != len(items):
-            raise one_per_item("modalities", len(modalities), len(items))
+            raise wrong_count("modalities", len(modalities), len(items))
         kinds = [enum_member(Modality, modality, f"modalities[{i}]") for i, modality in enumerate(modalities)]
         texts = [i for i, kind in enumerate(kinds) if kind == Modality.TEXT]
         rows: list = [None] * len(items)

@@ -530,7 +530,9 @@ static int uform_json_entry(uform_json_t* json, uform_entry_t* entry) {
             uint64_t offsets[2];
             size_t count;
             if (!uform_json_integers(json, offsets, 2, &count, "data_offsets", entry->name)) return 0;
-            if (count != 2) return uform_json_fail(json, "tensor %s: data_offsets has %zu entries, not 2", entry->name, count);
+            if (count != 2)
+                return uform_json_fail(json, "tensor %s: data_offsets has %zu %s, not 2", entry->name, count,
+                                       count == 1 ? "entry" : "entries");
             entry->begin = offsets[0], entry->end = offsets[1];
         } else if (!uform_json_skip(json, 2))
             return 0;
