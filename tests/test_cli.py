@@ -1257,4 +1257,6 @@ def test_a_weights_only_resume_is_refused_as_such_whatever_the_steps(run, tmp_pa
 def test_options_are_not_taken_by_an_abbreviation(capsys):
     with pytest.raises(SystemExit) as ended:
         cli.main(["embed", "a.safetensors", "in.jsonl", "out.npy", "--colum", "doc"])
-    assert ended.value.code == 2 and "unrecognized arguments: --colum doc" in capsys.readouterr().err
+    printed = capsys.readouterr().err
+    assert ended.value.code == 2 and "uform embed: error: unrecognized arguments: --colum doc" in printed
+    assert printed.startswith("usage: uform embed ")  # the command's usage, not the top level's

@@ -1401,7 +1401,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     help="a checkpoint's geometry, step, config and tensor sizes")
     described.add_argument("checkpoint")
     described.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, with its usage, not the top level's
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "train":
             return train(args.config, _host_domain_index(args.host_domain_index))
