@@ -419,10 +419,6 @@ def read_header(path: str, field_path: str = "CHECKPOINT") -> Tuple[Dict[str, st
     return metadata, header
 
 
-def checkpoint_step(path: str, field_path: str = "CHECKPOINT") -> int:
-    return int(read_header(path, field_path)[0].get("step", 0))
-
-
 # ---------------------------------------------------------------------------------------------- #
 #  Evaluation                                                                                      #
 # ---------------------------------------------------------------------------------------------- #
