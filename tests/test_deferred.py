@@ -196,6 +196,28 @@ def test_an_error_nobody_retrieved_is_logged_once_its_deferred_is_dropped(traine
     assert "absent" in str(logged[0].exc_info[1]) and isinstance(logged[1].exc_info[1], uform.InvalidArgument)
 
 
+def test_an_error_nobody_retrieved_is_logged_as_its_deferred_is_dropped_after_its_callback_ran(slow, tmp_path, caplog):
+    """Told when the last reference goes, as for one without a callback: not when the collector next runs."""
+    import gc
+
+    landed, deferred = [], slow.deferred()
+    ahead = deferred.step(slow_batch())
+    failed = deferred.save(str(tmp_path / "absent" / "x.safetensors"))  # fails on the worker, behind the step
+    assert not failed.done()
+    failed.add_done_callback(landed.append)
+    ahead.wait()
+    while not landed:
+        time.sleep(0.01)
+    landed.clear()
+    gc.disable()  # the reference count alone must free it
+    try:
+        del failed
+        assert [record.getMessage() for record in caplog.records if record.name == "uform"] == [
+            "the deferred save failed, and its Deferred was dropped without being awaited or waited for"]
+    finally:
+        gc.enable()
+
+
 def test_blocking_verbs_wait_behind_deferred_ones(slow, tmp_path):
     deferred = slow.deferred()
     queued = [deferred.step(slow_batch()) for _ in range(2)]

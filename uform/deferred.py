@@ -91,12 +91,17 @@ class Deferred:
         `callback` that is not callable raises `TypeError` here, not there."""
         if not callable(callback):
             raise TypeError(f"callback: expected a callable taking the Deferred, got {type(callback).__name__}")
+        # The Deferred lives until its callback has run, and then no longer through it: the future keeps its
+        # callbacks, and a reference from there would make a cycle that only the collector breaks, leaving an
+        # error nobody retrieved untold until it ran.
+        holder = [self]
 
         def call(_: concurrent.futures.Future) -> None:
+            deferred = holder.pop()
             try:
-                callback(self)
+                callback(deferred)
             except BaseException:  # SystemExit or KeyboardInterrupt too: the worker must live on
-                logging.getLogger("uform").exception("a callback of the deferred %s raised", self._verb)
+                logging.getLogger("uform").exception("a callback of the deferred %s raised", deferred._verb)
 
         self._future.add_done_callback(call)
 
