@@ -100,6 +100,21 @@ __device__ __forceinline__ void pin32(float (&d)[32]) {
 __device__ __forceinline__ void take_turn(int group) { asm volatile("bar.sync %0, 256;" ::"r"(3 + group) : "memory"); }
 __device__ __forceinline__ void pass_turn(int group) { asm volatile("bar.arrive %0, 256;" ::"r"(4 - group) : "memory"); }
 
+/** In this warpgroup's turn at the tensor cores, o += p x rows: p, 64 x 128 from registers in 8 slices of 16
+ *  columns, times 128 rows of a tile in shared memory; returns with the product done. */
+__device__ __forceinline__ void accumulate_in_turn(int group, float (&o)[32], uint32_t const (&p)[8][4],
+                                                   uint8_t const* rows) {
+    pin32(o);
+    take_turn(group);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int t = 0; t != 8; ++t) multiply_pv(o, p[t], descriptor(rows + t * 16 * 128));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    pass_turn(group);
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    pin32(o);
+}
+
 /** 2^x, the hardware's approximation: -inf gives 0. */
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
@@ -302,15 +317,7 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
                 p[t][2] = pack(s[8 * t + 4], s[8 * t + 5]);
                 p[t][3] = pack(s[8 * t + 6], s[8 * t + 7]);
             }
-            pin32(o);
-            take_turn(group);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int t = 0; t != 8; ++t) multiply_pv(o, p[t], descriptor(v_rows + t * 16 * 128));
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            pass_turn(group);
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            pin32(o);
+            accumulate_in_turn(group, o, p, v_rows);
             if (lane == 0) barrier_arrive(&l.empty[stage]);
         }
 #pragma unroll
@@ -445,15 +452,7 @@ __global__ void __launch_bounds__(threads, 1)
                     }
                     ds[t][h] = pack(v[0], v[1]);
                 }
-            pin32(d_q);
-            take_turn(group);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int t = 0; t != 8; ++t) multiply_pv(d_q, ds[t], descriptor(k_rows + t * 16 * 128));
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            pass_turn(group);
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            pin32(d_q);
+            accumulate_in_turn(group, d_q, ds, k_rows);
             if (lane == 0) barrier_arrive(&l.empty[stage]);
         }
         write_rows(d_q, args.d_qkv + (size_t)(unit.first + unit.start) * 3 * args.hidden + unit.head * width,
