@@ -2,8 +2,9 @@
  *  @file   attention.cu
  *  @brief  The library's Hopper attention (`libuform/src/vram/attention_hopper.cuh`) on its own:
  *          forward and both backward passes against float32 loops on ragged items, and their times
- *          and TFLOP/s on the bench's geometry (64 items of 512 tokens, 8 heads of 64). Exits with 1
- *          when a comparison fails.
+ *          and TFLOP/s on the bench's geometry (64 items of 512 tokens, 8 heads of 64), and the backward
+ *          pass's time with the gradients turned back by text positions' rotary cosines and sines (its
+ *          results are checked by the tests against the CPU). Exits with 1 when a comparison fails.
  *
  *      nvcc -O3 -std=c++17 -arch=sm_90a -Ilibuform/src/vram -I<CUDA include> bench/attention.cu -lcuda \
  *           -o attention && ./attention
@@ -122,9 +123,10 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
         check(uform_flash_forward(encode, multiprocessors, 0, false, out, lse, qkv, device_segments, items, longest, tokens, hidden,
                                   stride, counter), "forward");
     };
+    float2* turns = nullptr; /* the backward pass given them: text positions, 0.. in each item */
     auto run_backward = [&] {
-        check(uform_flash_backward(encode, multiprocessors, 0, false, d_qkv, delta, d_out, out, lse, qkv, device_segments, items,
-                                   longest, tokens, hidden, stride, counter), "backward");
+        check(uform_flash_backward(encode, multiprocessors, 0, false, d_qkv, delta, d_out, out, lse, qkv, turns,
+                                   device_segments, items, longest, tokens, hidden, stride, counter), "backward");
     };
     run_forward(), run_backward();
     dim3 reference_grid((unsigned)((tokens + 127) / 128), (unsigned)heads);
@@ -146,13 +148,23 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
     for (int part = 0; part != 3; ++part)
         part_error[part] = difference(got, want, [&](size_t i) { return (int)(i % (3 * hidden)) / hidden == part; });
     float forward_us = 1e3f * time_ms(run_forward), backward_us = 1e3f * time_ms(run_backward);
+    std::vector<float2> text(tokens * 32);
+    for (int i = 0; i != items; ++i)
+        for (int t = 0; t != lengths[i]; ++t)
+            for (int pair = 0; pair != 32; ++pair) {
+                double angle = t * std::pow(10000.0, -pair / 32.0);
+                text[(offsets[i] + t) * 32 + pair] = make_float2((float)std::cos(angle), (float)std::sin(angle));
+            }
+    cudaMalloc(&turns, tokens * 32 * sizeof(float2));
+    cudaMemcpy(turns, text.data(), tokens * 32 * sizeof(float2), cudaMemcpyHostToDevice);
+    float turned_us = 1e3f * time_ms(run_backward);
     double flops = 0;
     for (int length : lengths) flops += 4.0 * heads * length * (double)length * 64;
     std::printf("%-7s %3d items, %6zu tokens, %d heads: forward %6.1f us (%3.0f TFLOP/s), backward %6.1f us"
-                " (%3.0f TFLOP/s of 2.5 forwards)\n        differ: out %.1e, lse %.1e, delta %.1e, d_q %.1e, d_k %.1e,"
-                " d_v %.1e\n",
+                " (%3.0f TFLOP/s of 2.5 forwards), %6.1f us turned back\n        differ: out %.1e, lse %.1e,"
+                " delta %.1e, d_q %.1e, d_k %.1e, d_v %.1e\n",
                 name, items, tokens, heads, forward_us, flops / forward_us / 1e6, backward_us,
-                2.5 * flops / backward_us / 1e6, out_error, lse_error, delta_error, part_error[0],
+                2.5 * flops / backward_us / 1e6, turned_us, out_error, lse_error, delta_error, part_error[0],
                 part_error[1], part_error[2]);
     if (!(out_error <= 1e-2 && lse_error <= 1e-5 && delta_error <= 1e-2 && part_error[0] <= 2e-2 &&
           part_error[1] <= 2e-2 && part_error[2] <= 2e-2)) {
@@ -161,7 +173,7 @@ static void run(char const* name, std::vector<int> const& lengths, int hidden, f
     }
     for (void* p : {(void*)qkv, (void*)out, (void*)d_out, (void*)d_qkv, (void*)lse, (void*)delta, (void*)expected,
                     (void*)expected_lse, (void*)expected_delta, (void*)expected_d_qkv, (void*)device_offsets,
-                    (void*)device_segments, (void*)counter})
+                    (void*)device_segments, (void*)counter, (void*)turns})
         cudaFree(p);
 }
 

@@ -367,6 +367,19 @@ def test_attention_backward(rng):
     assert not d_qkv[8].any()  # written, and zero where no segment reaches
 
 
+def test_attention_backward_given_positions_is_the_gradient_before_the_turn(rng):
+    """The model turns q and k (rope_forward) before attention; its backward pass takes the inverse turn itself."""
+    tokens, hidden = 9, 128
+    positions = np.array([0, 1, 2, 3, 0, 0, 1, 2, 40], np.uint32)
+    qkv, d_out = f32(rng, tokens, 3 * hidden, scale=2.0), f32(rng, tokens, hidden)
+    turned = testing.rope_forward(qkv, positions)
+    out, lse = testing.attention_forward(turned, SEGMENTS)
+    d_qkv = testing.attention_backward(d_out, out, lse, turned, SEGMENTS, positions=positions)
+    numeric = numeric_gradient(lambda v: attention_reference(rope_reference(v, positions), SEGMENTS)[0], qkv, d_out)
+    assert_close(d_qkv, numeric)
+    assert not d_qkv[8].any()
+
+
 def test_attention_long_segments_cross_query_blocks(rng):
     tokens, hidden = 300, 128
     segments = [(0, 200), (200, 1), (201, 99)]

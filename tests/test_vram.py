@@ -211,6 +211,29 @@ def test_attention(rng, attention, lengths):
     assert np.array_equal(again, gpu_d)  # the deterministic backward
 
 
+def test_attention_backward_turns_text_image_and_video_gradients_back(rng, attention):
+    """Given the positions that turned q and k, the backward pass gives the gradient before the turn (the own kernels
+    turn d q and d k back as they write them): items of text, image patches and video tubelets, against the CPU."""
+    lengths = [300, 129, 70]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    segments, tokens, hidden = list(zip(starts, lengths)), sum(lengths), 256
+    grid = (np.uint32(1 << 31) | rng.integers(0, 0x7FFF, 129).astype(np.uint32) << 15
+            | rng.integers(0, 0x7FFF, 129).astype(np.uint32))
+    video = (np.uint32(3 << 30) | rng.integers(0, 0xFFF, 70).astype(np.uint32) << 18
+             | rng.integers(0, 0x1FF, 70).astype(np.uint32) << 9 | rng.integers(0, 0x1FF, 70).astype(np.uint32))
+    positions = np.concatenate([np.arange(300, dtype=np.uint32), grid, video]).astype(np.uint32)
+    qkv = testing.round_to("vram", testing.rope_forward(act(rng, tokens, 3 * hidden, scale=1.5), positions))
+    d_out = act(rng, tokens, hidden)
+    (cpu, lse), (gpu, statistics) = both(testing.attention_forward, qkv, segments)
+    cpu_d = testing.attention_backward(d_out, cpu, lse, qkv, segments, positions=positions)
+    gpu_d = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments,
+                                       positions=positions, backend="vram")
+    close(gpu_d, cpu_d, 2 * BF16)
+    unturned = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments,
+                                          backend="vram")
+    assert not np.allclose(unturned, gpu_d, atol=0.1)  # the turn is taken, not left out
+
+
 def test_attention_leaves_gaps_zero(rng, attention):
     segments, tokens, hidden = [(0, 4), (4, 1), (5, 3)], 9, 128  # token 8 belongs to no item
     qkv, d_out = act(rng, tokens, 3 * hidden), act(rng, tokens, hidden)

@@ -252,16 +252,20 @@ typedef uform_status_t (*uform_rmsnorm_backward_t)(void* context, void* d_x, flo
                                                    void const* x, float const* gain, float const* rstd,
                                                    size_t tokens, size_t hidden);
 /** Rotates the query and key thirds of qkv (tokens, 3 hidden) in place by each token's position;
- *  the backward pass applies the inverse rotation to their gradients. */
+ *  the backward pass applies the inverse rotation to their gradients (attention's backward pass
+ *  does it for the model). */
 typedef uform_status_t (*uform_rope_t)(void* context, void* qkv, uint32_t const* positions, size_t tokens,
                                        size_t hidden);
 /** out (tokens, hidden) = softmax(q k^T / 8) v within each item; `statistics` is the backend's own. */
 typedef uform_status_t (*uform_attention_forward_t)(void* context, void* out, float* statistics, void const* qkv,
                                                     uform_items_t const* items, size_t tokens, size_t hidden);
-/** d_qkv (tokens, 3 hidden) is written, not accumulated. */
+/** d_qkv (tokens, 3 hidden) is written, not accumulated. Given the `positions` that turned qkv's
+ *  queries and keys (`uform_rope_t`), it is the gradient of qkv before that turn: the inverse turn
+ *  fused into the write where the backend can, so no pass of its own reads and writes d_qkv again. */
 typedef uform_status_t (*uform_attention_backward_t)(void* context, void* d_qkv, void const* d_out, void const* out,
                                                      float const* statistics, void const* qkv,
-                                                     uform_items_t const* items, size_t tokens, size_t hidden);
+                                                     uint32_t const* positions, uform_items_t const* items,
+                                                     size_t tokens, size_t hidden);
 /** Tanh-approximated GELU, element-wise; the backward pass writes d_in, which may alias d_out. */
 typedef uform_status_t (*uform_gelu_forward_t)(void* context, void* out, void const* in, size_t count);
 typedef uform_status_t (*uform_gelu_backward_t)(void* context, void* d_in, void const* d_out, void const* in,

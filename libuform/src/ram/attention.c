@@ -73,11 +73,12 @@ uform_status_t uform_ram_attention_forward(void* context, void* out_, float* lse
 /**
  *  With P = exp(S - lse): dV = P^T dO, dP = dO V^T, dS = P (dP - D) where D_t = <dO_t, O_t>,
  *  dQ = dS K / 8 and dK = dS^T Q / 8. Keys and values collect over query blocks, so d_qkv is
- *  zeroed first and every product adds; rows no segment covers stay zero.
+ *  zeroed first and every product adds; rows no segment covers stay zero. Given positions, dQ and
+ *  dK then take the inverse rotary turn (`rope.c`).
  */
 uform_status_t uform_ram_attention_backward(void* context, void* d_qkv_, void const* d_out_, void const* out_,
-                                            float const* lse, void const* qkv_, uform_items_t const* items,
-                                            size_t tokens, size_t hidden) {
+                                            float const* lse, void const* qkv_, uint32_t const* positions,
+                                            uform_items_t const* items, size_t tokens, size_t hidden) {
     uform_ram_blas_init();
     uform_ram_context_t const* planned = context;
     float* d_qkv = d_qkv_;
@@ -137,5 +138,5 @@ uform_status_t uform_ram_attention_backward(void* context, void* d_qkv_, void co
                               (blasint)stride, 1.0f, d_keys, (blasint)stride);
         }
     }
-    return uform_status_success_k;
+    return positions ? uform_ram_rope_backward(context, d_qkv_, positions, tokens, hidden) : uform_status_success_k;
 }

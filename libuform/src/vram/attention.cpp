@@ -294,8 +294,8 @@ uform_status_t uform_vram_attention_forward(void* context_, void* out, float* st
 }
 
 uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void const* d_out, void const* out,
-                                             float const* statistics, void const* qkv, uform_items_t const* items,
-                                             size_t tokens, size_t hidden) {
+                                             float const* statistics, void const* qkv, uint32_t const* positions,
+                                             uform_items_t const* items, size_t tokens, size_t hidden) {
     uform_vram_context_t* context = uform_vram(context_);
     uform_status_t status = uform_status_success_k;
     /* cuDNN writes the rows of items alone; the contract writes every row, so gaps are zeroed first. */
@@ -307,8 +307,8 @@ uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void c
     status = uform_vram_attention_planned(context, items, tokens, hidden);
     if (status != uform_status_success_k) return status;
     if (state->hopper)
-        return uform_vram_hopper_attention_backward(context, state->hopper, d_qkv, d_out, out, statistics, qkv, items,
-                                                    tokens, hidden);
+        return uform_vram_hopper_attention_backward(context, state->hopper, d_qkv, d_out, out, statistics, qkv,
+                                                    positions, items, tokens, hidden);
     uform_vram_attention_graphs_t* graphs;
     status = uform_vram_attention_prepare(context, items, hidden, &graphs);
     if (status != uform_status_success_k) return status;
@@ -320,5 +320,7 @@ uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void c
         {uid_ragged_qkv, state->ragged_qkv}, {uid_ragged_o, state->ragged_o}};
     fe::error_t error = graphs->backward->execute(state->handle, pack, state->workspace);
     if (error.is_bad()) return uform_vram_attention_failed(error, "backward");
-    return uform_vram_launched("cuDNN attention backward");
+    status = uform_vram_launched("cuDNN attention backward");
+    if (status != uform_status_success_k || !positions) return status;
+    return uform_vram_rope_backward(context, d_qkv, positions, tokens, hidden);
 }

@@ -30,7 +30,9 @@ uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t
     return uform_vram_launched("uform_vram_attention_metadata_kernel");
 }
 
-/* The attention's scratch: the kernels' unit counter, then the backward pass's deltas. */
+/* The attention's scratch: the kernels' unit counter, the backward pass's deltas, then the tokens' rotary cosines and
+   sines, which each backward pass fills before it runs (fewer bytes than a pass over d q and d k, and right whatever
+   ran before). */
 static unsigned* uform_vram_attention_counter(uform_vram_context_t* context) {
     return (unsigned*)context->scratch[uform_vram_scratch_attention_k];
 }
@@ -39,7 +41,17 @@ static float* uform_vram_attention_deltas(uform_vram_context_t* context) {
     return (float*)((char*)context->scratch[uform_vram_scratch_attention_k] + 256);
 }
 
-size_t uform_vram_attention_scratch(uform_plan_t const* plan) { return 256 + plan->heads * plan->tokens * sizeof(float); }
+static size_t uform_vram_attention_deltas_bytes(uform_plan_t const* plan) {
+    return (plan->heads * plan->tokens * sizeof(float) + 255) / 256 * 256;
+}
+
+static float2* uform_vram_attention_turns(uform_vram_context_t* context) {
+    return (float2*)((char*)uform_vram_attention_deltas(context) + uform_vram_attention_deltas_bytes(&context->plan));
+}
+
+size_t uform_vram_attention_scratch(uform_plan_t const* plan) {
+    return 256 + uform_vram_attention_deltas_bytes(plan) + plan->tokens * uform_head_width_k / 2 * sizeof(float2);
+}
 
 static_assert(sizeof(uform_segment_t) == 16, "the kernels read each item as 4 words: start, length, row, column");
 
@@ -68,13 +80,15 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
 
 uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* context, void* encoder, void* d_qkv,
                                                     void const* d_out, void const* out, float const* statistics,
-                                                    void const* qkv, uform_items_t const* items, size_t tokens,
-                                                    size_t hidden) {
+                                                    void const* qkv, uint32_t const* positions,
+                                                    uform_items_t const* items, size_t tokens, size_t hidden) {
+    float2* turns = positions ? uform_vram_attention_turns(context) : nullptr;
+    if (turns) UFORM_TRY(uform_vram_rope_turns(context, turns, positions, tokens));
     return uform_vram_check(uform_flash_backward((uform_hopper_encoder_t)encoder, context->multiprocessors, context->stream,
                                                  uform_vram_dependent_launches, (uform_bf16_t*)d_qkv,
                                                  uform_vram_attention_deltas(context),
                                                  (uform_bf16_t const*)d_out, (uform_bf16_t const*)out, statistics,
-                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
+                                                 (uform_bf16_t const*)qkv, turns, (uint32_t const*)items->segments,
                                                  items->count, items->longest, tokens, hidden, tokens,
                                                  uform_vram_attention_counter(context)),
                             "the attention's backward pass");

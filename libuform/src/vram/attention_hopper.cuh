@@ -23,6 +23,12 @@
  *  from the accumulator's registers straight into the next `wgmma`: the accumulator's layout, 16
  *  columns at a time, is the layout `wgmma` wants for an operand held in registers.
  *
+ *  Given the rotary cosines and sines that turned q and k, a table of each token's (`rope.cu` fills
+ *  it), d q and d k take the inverse turn in registers as they are written: the gradient of q and k
+ *  before the turn, with no pass of its own over d qkv. The loading thread copies the unit's rows of
+ *  the table beside its tiles, so the write reads them from shared memory: read from global memory
+ *  there, or computed there or by the idle warps, they held up each unit's end.
+ *
  *  The backward pass is two passes that each recompute the scores, rather than one that adds each
  *  block's share of d q from several blocks: 7 products of a block's size against 5, and in
  *  exchange no float atomics and no stored scores. Every output element is written once, by one
@@ -42,12 +48,16 @@ namespace uform_flash {
 constexpr int width = 64, block_q = 128, block_k = 128, stages = 2;
 constexpr int consumers = 128, threads = 3 * consumers; /* two warpgroups multiply, one thread of the third loads */
 constexpr unsigned box_bytes = 128 * width * 2;         /* 128 rows of one head: 16 KiB */
+constexpr unsigned turns_bytes = block_q * (width / 2) * sizeof(float2); /* a unit's cosines and sines: 32 KiB */
 constexpr size_t keys_extra = 2 * stages * 2 * block_q * sizeof(float); /* the keys' pass's statistics */
 
-/** A block's shared memory (`layout_t`): its two buffers of `resident` tiles, the ring, `extra`, the barriers. */
+/** A block's shared memory (`layout_t`): its two buffers of `resident` tiles and their turns, the ring, `extra`,
+ *  the barriers. */
 constexpr size_t block_bytes(int resident, size_t extra) {
-    return 1024 /* alignment */ + (2 * resident + 2 * stages) * box_bytes + extra + (4 + 2 * stages) * 8 + 8;
+    return 1024 /* alignment */ + 2 * (resident * box_bytes + turns_bytes) + 2 * stages * box_bytes + extra +
+           (4 + 2 * stages) * 8 + 8;
 }
+static_assert(block_bytes(3, 0) <= 227 * 1024, "the queries' pass fits a multiprocessor's shared memory");
 
 struct arguments_t {
     __nv_bfloat16* out;       /* forward: (tokens, hidden) */
@@ -56,6 +66,7 @@ struct arguments_t {
     float* delta;             /* (heads, stride): each query's rowsum(d out * out), the queries' pass writes */
     uint32_t const* segments; /* (items, 4): each item's first token and length, then two words not read */
     unsigned* counter;        /* (2): the next unit to take, the blocks done taking; zeros between launches */
+    float2 const* turns;      /* backward: (tokens, 32), the rotary cosines and sines that turned q and k, or NULL */
     int hidden, heads, stride; /* stride: at least the tokens */
     int blocks;               /* 128-token blocks of the longest item */
     int units;                /* items x heads x blocks, which the blocks of the grid take in turn */
@@ -143,7 +154,8 @@ __device__ __forceinline__ bool unit_at(arguments_t const& args, int index, unit
 }
 
 /*  A block's shared memory: two buffers of its units' `resident` tiles (one being used while the next unit's load),
-    the ring of `stages` pairs of tiles streamed past them, the caller's `extra` bytes, then the barriers. */
+    each followed by the unit's rows of the turns where there are turns, the ring of `stages` pairs of tiles streamed
+    past them, the caller's `extra` bytes, then the barriers. */
 struct layout_t {
     uint8_t* resident[2];
     uint8_t* ring;
@@ -152,12 +164,18 @@ struct layout_t {
     int* taken; /* [2]: the unit each resident buffer holds; `units` or more for none left */
 };
 
+/** The turns of the unit whose `resident` tiles are at `tiles`: (128 rows, 32 pairs). */
+template <int resident>
+__device__ __forceinline__ float2 const* turns_after(uint8_t const* tiles) {
+    return (float2 const*)(tiles + resident * box_bytes);
+}
+
 template <int resident>
 __device__ __forceinline__ layout_t lay_out(uint8_t* raw, size_t extra) {
     layout_t l;
     uint8_t* base = raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
-    l.resident[0] = base, l.resident[1] = base + resident * box_bytes;
-    l.ring = base + 2 * resident * box_bytes;
+    l.resident[0] = base, l.resident[1] = base + resident * box_bytes + turns_bytes;
+    l.ring = base + 2 * (resident * box_bytes + turns_bytes);
     l.extra = l.ring + 2 * stages * box_bytes;
     l.resident_full = (uint64_t*)(l.extra + extra);
     l.resident_empty = l.resident_full + 2, l.full = l.resident_empty + 2, l.empty = l.full + stages;
@@ -195,11 +213,20 @@ __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l,
             barrier_arrive(&l.resident_full[b]);
             return;
         }
-        barrier_expect(&l.resident_full[b], resident * box_bytes);
+        /* The unit's rows of the turns, a block of bytes (rows past the item are not read). */
+        unsigned turned = args.turns ? (unsigned)min(block_q, unit.length - unit.start) * (width / 2) * 8 : 0;
+        barrier_expect(&l.resident_full[b], resident * box_bytes + turned);
         for (int i = 0; i != resident; ++i) {
             box_t box = resident_box(unit, i);
             load_box(l.resident[b] + i * box_bytes, box.map, &l.resident_full[b], box.column, unit.first + unit.start);
         }
+        if (turned)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         :
+                         : "r"(shared_address(l.resident[b] + resident * box_bytes)),
+                           "l"(args.turns + (size_t)(unit.first + unit.start) * (width / 2)), "r"(turned),
+                           "r"(shared_address(&l.resident_full[b]))
+                         : "memory");
         for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
             int stage = entry % stages;
             barrier_wait(&l.empty[stage], ((entry / stages) & 1) ^ 1);
@@ -344,9 +371,10 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /** Writes a warpgroup's 64 x 64 fragment times `factor` as bf16 to rows `row0`.. of `out` (row stride `pitch`),
- *  the rows before `rows` only. */
+ *  the rows before `rows` only. Given the unit's `turns` (`turns_after`), each pair (the thread's columns 2i, 2i + 1)
+ *  takes the inverse rotary turn of its row first. */
 __device__ __forceinline__ void write_rows(float const (&d)[32], __nv_bfloat16* out, size_t pitch, int row0, int rows,
-                                           float factor) {
+                                           float factor, float2 const* turns = nullptr) {
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
 #pragma unroll
     for (int r = 0; r != 2; ++r) {
@@ -354,8 +382,15 @@ __device__ __forceinline__ void write_rows(float const (&d)[32], __nv_bfloat16* 
         if (row >= rows) continue;
         __nv_bfloat16* at = out + (size_t)row * pitch + 2 * (lane % 4);
 #pragma unroll
-        for (int c = 0; c != 8; ++c)
-            *(uint32_t*)(at + 8 * c) = pack(d[4 * c + 2 * r] * factor, d[4 * c + 2 * r + 1] * factor);
+        for (int c = 0; c != 8; ++c) {
+            float x = d[4 * c + 2 * r] * factor, y = d[4 * c + 2 * r + 1] * factor;
+            if (turns) {
+                float2 t = turns[row * (width / 2) + 4 * c + lane % 4];
+                float turned = x * t.x + y * t.y; /* by minus the angle */
+                y = y * t.x - x * t.y, x = turned;
+            }
+            *(uint32_t*)(at + 8 * c) = pack(x, y);
+        }
     }
 }
 
@@ -456,7 +491,8 @@ __global__ void __launch_bounds__(threads, 1)
             if (lane == 0) barrier_arrive(&l.empty[stage]);
         }
         write_rows(d_q, args.d_qkv + (size_t)(unit.first + unit.start) * 3 * args.hidden + unit.head * width,
-                   3 * (size_t)args.hidden, group * 64, unit.length - unit.start, scale);
+                   3 * (size_t)args.hidden, group * 64, unit.length - unit.start, scale,
+                   args.turns ? turns_after<3>(tiles) : nullptr);
     });
 #else
     __trap();
@@ -535,7 +571,8 @@ __global__ void __launch_bounds__(threads, 1)
         }
         size_t pitch = 3 * (size_t)args.hidden;
         __nv_bfloat16* rows = args.d_qkv + (size_t)(unit.first + unit.start) * pitch + unit.head * width;
-        write_rows(d_k, rows + args.hidden, pitch, group * 64, unit.length - unit.start, scale);
+        write_rows(d_k, rows + args.hidden, pitch, group * 64, unit.length - unit.start, scale,
+                   args.turns ? turns_after<2>(tiles) : nullptr);
         write_rows(d_v, rows + 2 * args.hidden, pitch, group * 64, unit.length - unit.start, 1.0f);
     });
 #else
@@ -593,15 +630,16 @@ static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int
 }
 
 /** Launches both backward passes on `stream`: d_qkv's rows of the items (other rows untouched), through delta
- *  (heads, stride) floats of scratch. */
+ *  (heads, stride) floats of scratch. `turns` (tokens, 32), the rotary cosines and sines that turned q and k
+ *  (`uform_vram_rope_turns`), make d q and d k the gradients before the turn; NULL for none. */
 static inline cudaError_t uform_flash_backward(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                                bool dependent, __nv_bfloat16* d_qkv, float* delta,
                                                __nv_bfloat16 const* d_out, __nv_bfloat16 const* out, float const* lse,
-                                               __nv_bfloat16 const* qkv, uint32_t const* segments, size_t count,
-                                               size_t longest, size_t tokens, size_t hidden, size_t stride,
-                                               unsigned* counter) {
+                                               __nv_bfloat16 const* qkv, float2 const* turns,
+                                               uint32_t const* segments, size_t count, size_t longest, size_t tokens,
+                                               size_t hidden, size_t stride, unsigned* counter) {
     using namespace uform_flash;
-    uform_flash::arguments_t args = {nullptr, d_qkv, (float*)lse, delta, segments, counter};
+    uform_flash::arguments_t args = {nullptr, d_qkv, (float*)lse, delta, segments, counter, turns};
     dim3 shape;
     if (!count) return cudaSuccess;
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;

@@ -10,6 +10,9 @@
  *  kernel argument), rounds them to float as the CPU does, and rotates pair i of every query and
  *  key head of its token. The 32 threads of a warp cover one head's 64 contiguous values, so each
  *  access is one 128-byte line. Every element is written by one thread: deterministic.
+ *
+ *  The library's own attention on Hopper takes the gradients' inverse turn as it writes them, with
+ *  the same cosines and sines from a table of each token's that `uform_vram_rope_turns` fills.
  */
 #include "vram.h"
 
@@ -47,21 +50,46 @@ __global__ void uform_vram_rope_kernel(__nv_bfloat162* __restrict__ qkv, uint32_
     }
 }
 
+/** turns (tokens, 32): the cosine and sine of each token's pairs' angles, as rounded above. */
+__global__ void uform_vram_rope_turns_kernel(float2* __restrict__ turns, uint32_t const* __restrict__ positions,
+                                             size_t tokens, uform_vram_rope_frequencies_t frequencies) {
+    uform_vram_chain();
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < tokens * uform_vram_rope_pairs_k;
+         index += stride) {
+        double sine, cosine;
+        int frequency;
+        uint32_t coordinate = uform_rope_coordinate(positions[index / uform_vram_rope_pairs_k],
+                                                    (int)(index % uform_vram_rope_pairs_k), &frequency);
+        sincospi((double)coordinate * frequencies.over_pi[frequency], &sine, &cosine);
+        turns[index] = make_float2((float)cosine, (float)sine);
+    }
+}
+
+uform_vram_rope_frequencies_t uform_vram_rope_frequencies() {
+    uform_vram_rope_frequencies_t frequencies;
+    double const pi = 3.14159265358979323846;
+    for (int pair = 0; pair < uform_vram_rope_pairs_k; ++pair)
+        frequencies.over_pi[pair] = pow(10000.0, -2.0 * pair / (double)uform_head_width_k) / pi;
+    return frequencies;
+}
+
+/** A grid over tokens x 32 pairs, at most 16 blocks a multiprocessor (the threads stride over the rest). */
+unsigned uform_vram_rope_blocks(uform_vram_context_t* context, size_t tokens) {
+    size_t cap = (size_t)(context->multiprocessors > 0 ? context->multiprocessors : 1) * 16;
+    size_t blocks = uform_vram_blocks(tokens * uform_vram_rope_pairs_k, uform_vram_rope_threads_k);
+    return (unsigned)(blocks < cap ? blocks : cap);
+}
+
 uform_status_t uform_vram_rope_rotate(void* context, void* qkv, uint32_t const* positions, size_t tokens,
                                       size_t hidden, double sign, char const* name) {
     if (!tokens || hidden < uform_head_width_k) return uform_status_success_k;
     if ((hidden * 3) % 2 || (uintptr_t)qkv % 4)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "%s: hidden %zu or qkv is misaligned", name,
                                hidden);
-    uform_vram_rope_frequencies_t frequencies;
-    double const pi = 3.14159265358979323846;
-    for (int pair = 0; pair < uform_vram_rope_pairs_k; ++pair)
-        frequencies.over_pi[pair] = pow(10000.0, -2.0 * pair / (double)uform_head_width_k) / pi;
-    size_t work = tokens * uform_vram_rope_pairs_k;
-    size_t cap = (size_t)(uform_vram(context)->multiprocessors > 0 ? uform_vram(context)->multiprocessors : 1) * 16;
-    size_t blocks = uform_vram_blocks(work, uform_vram_rope_threads_k);
-    uform_vram_launch(uform_vram_rope_kernel, (unsigned)(blocks < cap ? blocks : cap), uform_vram_rope_threads_k, 0,
-        uform_vram(context)->stream, (__nv_bfloat162*)qkv, positions, tokens, hidden, frequencies, sign);
+    uform_vram_launch(uform_vram_rope_kernel, uform_vram_rope_blocks(uform_vram(context), tokens),
+        uform_vram_rope_threads_k, 0, uform_vram(context)->stream, (__nv_bfloat162*)qkv, positions, tokens, hidden,
+        uform_vram_rope_frequencies(), sign);
     return uform_vram_launched(name);
 }
 
@@ -75,4 +103,12 @@ uform_status_t uform_vram_rope_forward(void* context, void* qkv, uint32_t const*
 uform_status_t uform_vram_rope_backward(void* context, void* d_qkv, uint32_t const* positions, size_t tokens,
                                         size_t hidden) {
     return uform_vram_rope_rotate(context, d_qkv, positions, tokens, hidden, -1.0, "uform_vram_rope_backward");
+}
+
+uform_status_t uform_vram_rope_turns(uform_vram_context_t* context, float2* turns, uint32_t const* positions,
+                                     size_t tokens) {
+    if (!tokens) return uform_status_success_k;
+    uform_vram_launch(uform_vram_rope_turns_kernel, uform_vram_rope_blocks(context, tokens), uform_vram_rope_threads_k,
+        0, context->stream, turns, positions, tokens, uform_vram_rope_frequencies());
+    return uform_vram_launched("uform_vram_rope_turns");
 }

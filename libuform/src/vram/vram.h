@@ -27,7 +27,7 @@ extern uform_fail_t uform_vram_fail;
 /** Scratch the context plans once, one region per operation that needs one. */
 typedef enum uform_vram_scratch_t {
     uform_vram_scratch_blas_k = 0,        /* cuBLASLt's workspace */
-    uform_vram_scratch_attention_k,       /* the own attention's unit counter, and each query's delta for its backward */
+    uform_vram_scratch_attention_k,       /* the own attention's unit counter, each query's delta, the rotary table */
     uform_vram_scratch_rmsnorm_k,         /* partial sums of the gain's gradient */
     uform_vram_scratch_reduce_k,          /* partial sums of losses and of the squared norm */
     uform_vram_scratch_contrastive_k,     /* the contrastive term's rows, in double */
@@ -74,15 +74,18 @@ void uform_vram_attention_close(uform_vram_context_t* context);
 /** The library's own attention (`attention_hopper.cuh`), in place of cuDNN's on Hopper unless `UFORM_HOPPER_ATTENTION=0`
  *  says no: the tensor-map encoder it launches with, or NULL where it does not run (another GPU, told not to). Its
  *  statistics are each query's log-sum-exp, (heads, tokens); its backward pass takes (heads, tokens) floats of the
- *  attention's scratch. */
+ *  attention's scratch, then the tokens' rotary cosines and sines, which it fills there. */
 void* uform_vram_hopper_attention(uform_vram_context_t* context);
 uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context, void* encoder, void* out,
                                                    float* statistics, void const* qkv, uform_items_t const* items,
                                                    size_t tokens, size_t hidden);
 uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* context, void* encoder, void* d_qkv,
                                                     void const* d_out, void const* out, float const* statistics,
-                                                    void const* qkv, uform_items_t const* items, size_t tokens,
-                                                    size_t hidden);
+                                                    void const* qkv, uint32_t const* positions,
+                                                    uform_items_t const* items, size_t tokens, size_t hidden);
+/** turns (tokens, 32): each token's rotary cosines and sines, as `rope.cu` rounds them. */
+uform_status_t uform_vram_rope_turns(uform_vram_context_t* context, float2* turns, uint32_t const* positions,
+                                     size_t tokens);
 /** Fills the AdamW scratch with the plan's layout: once, at context creation. */
 uform_status_t uform_vram_adamw_plan(uform_vram_context_t* context);
 
@@ -177,8 +180,8 @@ size_t uform_vram_statistics_floats(uform_plan_t const* plan);
 uform_status_t uform_vram_attention_forward(void* context, void* out, float* statistics, void const* qkv,
                                             uform_items_t const* items, size_t tokens, size_t hidden);
 uform_status_t uform_vram_attention_backward(void* context, void* d_qkv, void const* d_out, void const* out,
-                                             float const* statistics, void const* qkv, uform_items_t const* items,
-                                             size_t tokens, size_t hidden);
+                                             float const* statistics, void const* qkv, uint32_t const* positions,
+                                             uform_items_t const* items, size_t tokens, size_t hidden);
 uform_status_t uform_vram_gelu_forward(void* context, void* out, void const* in, size_t count);
 uform_status_t uform_vram_gelu_backward(void* context, void* d_in, void const* d_out, void const* in, size_t count);
 uform_status_t uform_vram_gather_rows(void* context, void* out, void const* in, uint32_t const* rows, size_t count,
