@@ -446,3 +446,55 @@ def test_the_worker_begins_the_next_step_before_it_ends_the_one_in_flight():
                          "begin e", "end e"]
     finally:
         worker.stop()
+
+
+
+class _StallingQueue:
+    """A SimpleQueue as CPython's behaves at worst: a timed `get` entered with nothing queued and the queue's lock
+    free (as every `get` that took an item leaves it) takes the lock, finds its deadline passed (its thread was
+    descheduled a moment), and waits on the lock again with a negative timeout, that is until the next `put`."""
+
+    def __init__(self):
+        self.items, self.locked, self.changed = [], False, threading.Condition()
+
+    def put(self, item):
+        with self.changed:
+            self.items.append(item)
+            self.locked = False
+            self.changed.notify_all()
+
+    def get(self, block=True, timeout=None):
+        import queue
+
+        with self.changed:
+            if not self.items and not block:
+                self.locked = True
+                raise queue.Empty
+            stalls = timeout is not None and not self.locked
+            self.locked = True
+            if not self.changed.wait_for(lambda: self.items, None if stalls else timeout):
+                raise queue.Empty
+            self.locked = False
+            return self.items.pop(0)
+
+
+def test_a_step_in_flight_lands_though_nothing_follows_it():
+    """`uform train` waits for the step in flight before a checkpoint, so nothing follows it: the worker must land it
+    however its queue's timed wait behaves (a stalled one held a run on the GPU forever)."""
+    import concurrent.futures
+
+    from uform.deferred import _STOP, TwoPhase, _serve
+
+    calls = _StallingQueue()
+    worker = threading.Thread(target=_serve, args=(calls, threading.Event()), daemon=True)
+    worker.start()
+    try:
+        for name in ("first", "second"):
+            step = TwoPhase(lambda: None, lambda name=name: name, overlaps=True)
+            future = concurrent.futures.Future()
+            calls.put((future, step))
+            assert step.began.wait(timeout=10)
+            assert future.result(timeout=10) == name
+    finally:
+        calls.put(_STOP)
+        worker.join(timeout=10)

@@ -277,14 +277,30 @@ def _land(future: concurrent.futures.Future, call: TwoPhase) -> float:
     return min(_PATIENCE_SECONDS, (time.perf_counter() - waited) / 4)
 
 
+def _within(calls: "queue.SimpleQueue[Any]", patience: float) -> Any:
+    """The next job, or None where none comes within `patience` seconds.
+
+    A timed `SimpleQueue.get` entered with nothing queued and its lock free takes the lock, and where the
+    deadline passed meanwhile (a thread descheduled for a moment), waits on it again with a negative
+    timeout: forever, until the next `put` (CPython 3.11, 3.12). A run that waits for its step in flight
+    before it submits another then never got it landed. The untimed try first leaves the lock taken
+    while the queue is empty, so the timed one only waits for a `put` or its timeout.
+    """
+    try:
+        return calls.get(block=False)
+    except queue.Empty:
+        pass
+    try:
+        return calls.get(timeout=patience)
+    except queue.Empty:  # nothing to begin behind it
+        return None
+
+
 def _serve(calls: "queue.SimpleQueue[Any]", closing: threading.Event) -> None:
     flight = None  # (future, call): a step begun and not ended
     patience, cancelled = 0.0, 0
     while True:
-        try:
-            job = calls.get() if flight is None else calls.get(timeout=patience)
-        except queue.Empty:  # nothing to begin behind it: wait for it now
-            job = None
+        job = calls.get() if flight is None else _within(calls, patience)
         overlapping = job is not None and job is not _STOP and isinstance(job[1], TwoPhase) and job[1].overlaps
         if flight is not None and (not overlapping or closing.is_set()):
             patience, flight = _land(*flight), None
