@@ -26,22 +26,28 @@ struct uform_vram_rope_frequencies_t {
     double over_pi[uform_vram_rope_pairs_k];
 };
 
+/** The cosine and sine of pair `pair`'s angle at `position`: in double, rounded to float as the CPU rounds them. */
+__device__ __forceinline__ float2 uform_vram_rope_turn(uint32_t position, int pair,
+                                                       uform_vram_rope_frequencies_t const& frequencies) {
+    double sine, cosine;
+    int frequency;
+    uint32_t coordinate = uform_rope_coordinate(position, pair, &frequency);
+    sincospi((double)coordinate * frequencies.over_pi[frequency], &sine, &cosine);
+    return make_float2((float)cosine, (float)sine);
+}
+
 __global__ void uform_vram_rope_kernel(__nv_bfloat162* __restrict__ qkv, uint32_t const* __restrict__ positions,
                                        size_t tokens, size_t hidden, uform_vram_rope_frequencies_t frequencies,
-                                       double sign) {
+                                       float sign) {
     uform_vram_chain();
     size_t total = tokens * uform_vram_rope_pairs_k, stride = (size_t)gridDim.x * blockDim.x;
     size_t rotated_heads = 2 * (hidden / uform_head_width_k); /* queries' heads, then keys' */
     size_t row_pairs = 3 * hidden / 2;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += stride) {
         size_t token = index / uform_vram_rope_pairs_k;
-        int pair = (int)(index % uform_vram_rope_pairs_k);
-        double sine, cosine;
-        int frequency;
-        uint32_t coordinate = uform_rope_coordinate(positions[token], pair, &frequency);
-        sincospi((double)coordinate * frequencies.over_pi[frequency], &sine, &cosine);
-        float c = (float)cosine, s = (float)(sign * sine);
-        __nv_bfloat162* row = qkv + token * row_pairs + pair;
+        float2 turn = uform_vram_rope_turn(positions[token], (int)(index % uform_vram_rope_pairs_k), frequencies);
+        float c = turn.x, s = sign * turn.y; /* the sign changes no bit of the rounded sine */
+        __nv_bfloat162* row = qkv + token * row_pairs + (index % uform_vram_rope_pairs_k);
         for (size_t head = 0; head < rotated_heads; ++head) {
             __nv_bfloat162* at = row + head * uform_vram_rope_pairs_k;
             float2 x = __bfloat1622float2(*at);
@@ -56,14 +62,9 @@ __global__ void uform_vram_rope_turns_kernel(float2* __restrict__ turns, uint32_
     uform_vram_chain();
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x; index < tokens * uform_vram_rope_pairs_k;
-         index += stride) {
-        double sine, cosine;
-        int frequency;
-        uint32_t coordinate = uform_rope_coordinate(positions[index / uform_vram_rope_pairs_k],
-                                                    (int)(index % uform_vram_rope_pairs_k), &frequency);
-        sincospi((double)coordinate * frequencies.over_pi[frequency], &sine, &cosine);
-        turns[index] = make_float2((float)cosine, (float)sine);
-    }
+         index += stride)
+        turns[index] = uform_vram_rope_turn(positions[index / uform_vram_rope_pairs_k],
+                                            (int)(index % uform_vram_rope_pairs_k), frequencies);
 }
 
 uform_vram_rope_frequencies_t uform_vram_rope_frequencies() {
@@ -82,7 +83,7 @@ unsigned uform_vram_rope_blocks(uform_vram_context_t* context, size_t tokens) {
 }
 
 uform_status_t uform_vram_rope_rotate(void* context, void* qkv, uint32_t const* positions, size_t tokens,
-                                      size_t hidden, double sign, char const* name) {
+                                      size_t hidden, float sign, char const* name) {
     if (!tokens || hidden < uform_head_width_k) return uform_status_success_k;
     if ((hidden * 3) % 2 || (uintptr_t)qkv % 4)
         return uform_vram_fail(NULL, uform_status_invalid_argument_k, "%s: hidden %zu or qkv is misaligned", name,
@@ -97,12 +98,12 @@ uform_status_t uform_vram_rope_rotate(void* context, void* qkv, uint32_t const* 
 
 uform_status_t uform_vram_rope_forward(void* context, void* qkv, uint32_t const* positions, size_t tokens,
                                        size_t hidden) {
-    return uform_vram_rope_rotate(context, qkv, positions, tokens, hidden, 1.0, "uform_vram_rope_forward");
+    return uform_vram_rope_rotate(context, qkv, positions, tokens, hidden, 1.0f, "uform_vram_rope_forward");
 }
 
 uform_status_t uform_vram_rope_backward(void* context, void* d_qkv, uint32_t const* positions, size_t tokens,
                                         size_t hidden) {
-    return uform_vram_rope_rotate(context, d_qkv, positions, tokens, hidden, -1.0, "uform_vram_rope_backward");
+    return uform_vram_rope_rotate(context, d_qkv, positions, tokens, hidden, -1.0f, "uform_vram_rope_backward");
 }
 
 uform_status_t uform_vram_rope_turns(uform_vram_context_t* context, float2* turns, uint32_t const* positions,
