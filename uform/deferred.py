@@ -283,7 +283,7 @@ def _within(calls: "queue.SimpleQueue[Any]", patience: float) -> Any:
     A timed `SimpleQueue.get` entered with nothing queued and its lock free takes the lock, and where the
     deadline passed meanwhile (a thread descheduled for a moment), waits on it again with a negative
     timeout: forever, until the next `put` (CPython 3.11, 3.12). A run that waits for its step in flight
-    before it submits another then never got it landed. The untimed try first leaves the lock taken
+    before it submits another then never got it landed. A non-blocking try first leaves the lock taken
     while the queue is empty, so the timed one only waits for a `put` or its timeout.
     """
     try:
