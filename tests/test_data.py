@@ -203,6 +203,8 @@ def test_a_missing_column_or_key_fails_at_once_naming_it(tmp_path):
         Stream(dict(paths=[str(tmp_path / "absent.jsonl")], columns=PAIRS), CONFIG)
     with pytest.raises(uform.InvalidArgument, match="data.colums: unknown field"):
         Stream(dict(paths=[jsonl], colums=PAIRS), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match="data.negatives.question: 'question' is also one of data.columns"):
+        Stream(dict(paths=[jsonl], columns=PAIRS, negatives=dict(question="text")), CONFIG)
     with pytest.raises(uform.InvalidArgument, match="data.columns.question: 'txt' is not a Modality"):
         Stream(dict(paths=[jsonl], columns=dict(question="txt")), CONFIG)
 

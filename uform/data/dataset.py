@@ -75,6 +75,12 @@ def normalize_dataset(value: Any, path: str = "data") -> Dataset:
     dataset = Dataset(paths=[os.fspath(entry) for entry in paths],
                       columns=_modalities(given["columns"], f"{path}.columns", required=True),
                       negatives=_modalities(given.get("negatives") or {}, f"{path}.negatives", required=False))
+    attracting = {name for column in dataset.columns for name in column.split(";")}
+    for column in dataset.negatives:  # a group repelling a copy of its own item learns to tell nothing apart
+        for name in column.split(";"):
+            if name in attracting:
+                raise InvalidArgument(f"{path}.negatives.{column}: {name!r} is also one of {path}.columns; each group "
+                                      "would repel a copy of its own item")
     for name in ("weight", "choices", "choice_targets"):
         column = given.get(name)
         if column is not None and not isinstance(column, str):
