@@ -919,10 +919,11 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     distinct = set()  # each bad record once, though every epoch meets it again
     evaluated_step = None
     bar = tqdm.tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, disable=True if index else None)
-    # One step stays in flight while the next batch is read and begun, so a GPU goes from one step to the next;
-    # before a checkpoint, an evaluation, a stop or the last step the run waits for it to land. A mesh's
-    # processes wait for every step, as they agree on each.
+    # On a GPU one step stays in flight while the next batch is read and begun, so the device goes from one step to
+    # the next; before a checkpoint, an evaluation, a stop or the last step the run waits for it to land. A mesh's
+    # processes wait for every step, as they agree on each, and a CPU's step has run whole once begun.
     flight, landed_at = None, time.perf_counter()  # the step begun and not landed: (Deferred, data s, begun at, ended)
+    overlaps = _steps_overlap(executor)
 
     def land() -> None:
         nonlocal flight, step, landed_at
@@ -978,7 +979,8 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
             deferred.add_done_callback(lambda _, ended=ended: ended.append((time.perf_counter(), time.time())))
             flight = (deferred, data_seconds, began, ended)
             after = step + 1  # every step before this one has landed: this one's number, if it applies
-            if not (several or stop.signal is not None or after >= steps or saving(after) or evaluating(after)):
+            # A CPU has run the step whole as it began: it lands now, so the log and the bar keep up.
+            if overlaps and not (several or stop.signal is not None or after >= steps or saving(after) or evaluating(after)):
                 continue
             land()
             if saving(step):
@@ -1029,6 +1031,11 @@ def _agree(stop: "_Stop", mesh: Optional[uform.Mesh], batch: Any) -> Tuple[bool,
 
 
 _PEERS_REFUSED = re.compile(r"^host domain \d+ refused its share of the step: ")
+
+
+def _steps_overlap(executor) -> bool:
+    """Whether a step runs on while the next is read and begun: on a GPU; a CPU runs each whole as it begins."""
+    return executor.kind == "vram"
 
 
 def _step(config, trainer, stream, batch, mesh=None, idle=False):
