@@ -458,7 +458,8 @@ def test_an_error_in_the_thread_surfaces_at_the_next_batch(tmp_path):
         next(stream)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    with stream_of([str(empty)]) as stream, pytest.raises(uform.InvalidArgument, match="hold no records"):
+    with stream_of([str(empty)]) as stream, pytest.raises(uform.InvalidArgument,
+                                                           match=f"data.paths: {re.escape(str(empty))} holds no records"):
         next(stream)
 
 

@@ -248,7 +248,9 @@ class Stream:
                     yield (epoch, block_shard, block_offset, index), block[permutation[index]][2]
                 skip = 0
             if not read_any and shard == 0 and offset == 0:
-                raise InvalidArgument(f"data.paths: the {len(self.shards)} shards hold no records")
+                count = len(self.shards)
+                named = f"{self.shards[0][0]} holds" if count == 1 else f"the {count} shards, from {self.shards[0][0]}, hold"
+                raise InvalidArgument(f"data.paths: {named} no records")
             epoch, shard, offset = epoch + 1, 0, 0
             yield (epoch, 0, 0, 0), None  # the epoch's end
 
