@@ -621,8 +621,8 @@ def test_a_run_whose_data_moved_resumes_over_the_same_files_where_they_are_now(r
     write_pairs(tmp_path / "train.jsonl", range(61))  # one record more: not the file the run read
     assert cli.main(["train", run("grown", every=100)]) == 1
     assert (f"uform train: data.paths: the shard listed now (train.jsonl below {tmp_path}) is not the files step 4 "
-            f"was read from (below {tmp_path / 'elsewhere'}, their names and sizes kept as a digest): a run resumes over "
-            "the same files") in capsys.readouterr().err
+            f"was read from (below {tmp_path / 'elsewhere'}, their names and sizes kept as a digest): a resumed run "
+            "reads the same files") in capsys.readouterr().err
 
 
 def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(run, tmp_path, capsys):
@@ -637,7 +637,7 @@ def test_the_note_keeps_a_digest_of_the_shards_which_the_resumed_stream_checks(r
     capsys.readouterr()
     assert cli.main(["train", run(steps=9)]) == 1  # the same run over other shards
     assert (f"data.paths: the shard listed now (train.jsonl below {tmp_path}) is not the files step 6 was read from "
-            f"(below {tmp_path}, their names and sizes kept as a digest): a run resumes over the same files"
+            f"(below {tmp_path}, their names and sizes kept as a digest): a resumed run reads the same files"
             ) in capsys.readouterr().err
 
 

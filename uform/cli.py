@@ -703,8 +703,9 @@ def _train(config_path: str, index: int) -> int:
                 raise InvalidArgument(
                     f"data.paths: {'the shard' if len(listed) == 1 else f'the {len(listed)} shards'} listed now ({named} "
                     f"below {common}) {'is' if len(listed) == 1 else 'are'} not the files step {step} was read from "
-                    f"(below {written.get('data')}, their names and sizes kept as a digest): a run resumes over the "
-                    "same files, by name below their folder, size and order, moved or not; to train on other data, "
+                    f"(below {written.get('data')}, their names and sizes kept as a digest): a resumed run reads the same "
+                    "files, by name below their folder, size and order, wherever they lie now (only a file left where "
+                    "it was may change size, as a mended record does); to train on other data, "
                     f"start a new run from {latest}: in a new run.folder, with [trainer] resume, its data starts over")
             if files and kept:
                 these = "the shard" if len(listed) == 1 else f"the {len(listed)} shards"
