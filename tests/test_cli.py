@@ -439,6 +439,26 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
 
+def test_a_signal_during_the_final_evaluation_ends_the_run_as_a_signal_does(run, tmp_path, monkeypatch, capsys):
+    """The evaluation runs to its end (it cannot be left half done), then the run exits as signals make it exit,
+    saying that nothing is left to do."""
+    evaluate = cli._evaluate
+
+    def signalled(trainer, executor, config, held_out, log, step, mesh=None):
+        evaluate(trainer, executor, config, held_out, log, step, mesh)
+        if step == 9:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(cli, "_evaluate", signalled)
+    config, folder = run(), str(tmp_path / "runs" / "pairs")
+    assert cli.main(["train", config]) == 128 + signal.SIGTERM
+    assert (f"uform: stopped by SIGTERM during the final evaluation of step 9, which ended first; the run is complete, "
+            f"checkpoints in {folder}/checkpoints\n") in capsys.readouterr().err
+    log = read_log(folder)
+    assert [line["step"] for line in log if "evaluation" in line] == [4, 8, 9]
+    assert [(line["step"], line["stopped"]) for line in log if "stopped" in line] == [(9, "SIGTERM")]
+
+
 def test_a_signal_during_the_last_step_leaves_the_final_evaluation_to_the_rerun(run, tmp_path, monkeypatch, capsys):
     """A signal while the last step trains stops the run after it, before the final evaluation, saying so; the
     same command then makes that evaluation, training nothing, and only the one after it finds the run done."""

@@ -1113,6 +1113,12 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
         return 128 + stop.signal
     if held_out and evaluated_step != step:
         _evaluate(trainer, executor, config, held_out, log, step, mesh)
+        if stop.signal is not None:  # it came during the final evaluation, which ran to its end
+            name = signal.Signals(stop.signal).name
+            log.write(dict(step=step, stopped=name))
+            print(f"uform: stopped by {name} during the final evaluation of step {step}, which ended first; the run "
+                  f"is complete, checkpoints in {saved_in}", file=sys.stderr)
+            return 128 + stop.signal
     written = f"host domain 0 writes the checkpoints in {saved_in}" if index else f"checkpoints in {saved_in}"
     skipped = f"; {bad} bad record{'s' if bad != 1 else ''} skipped" if bad else ""
     if distinct < bad:
