@@ -256,7 +256,7 @@ def test_absent_and_none_fields_derive():
 @pytest.mark.parametrize(
     "config, message",
     [
-        (tiny_config(batch=dict(max_rowz=4)), "config.batch.max_rowz: unknown field"),
+        (tiny_config(batch=dict(max_rowz=4)), "config.batch.max_rowz: unknown field (did you mean max_rows_per_device?)"),
         (tiny_config(depht=1), "config.depht: unknown field (did you mean depth?)"),
         (tiny_config(schedule=dict(steps=10, warmup=3)), "config.schedule.warmup: unknown field (did you mean warmup_steps?)"),
         (tiny_config(batch=dict(image=dict(patch=16))), "config.batch.image.patch: unknown field (did you mean patch_side?)"),

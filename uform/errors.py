@@ -72,8 +72,10 @@ del _error
 
 
 def unknown_field(path: str, key: Any, names: Iterable[str]) -> InvalidArgument:
-    """`path.key` refused as no field of `names`, with the one it misspells or begins where there is one."""
-    names = sorted(names)  # the same suggestion run to run, whatever the order of a set of names
-    near = [name for name in names if name.startswith(str(key))] or difflib.get_close_matches(str(key), names, n=1,
-                                                                                               cutoff=0.75)
+    """`path.key` refused as no field of `names`, with the one it misspells or begins where there is one (a
+    short key's last character mistyped, as in `max_rowz`, included)."""
+    names, key_text = sorted(names), str(key)  # the same suggestion run to run, whatever the order of a set of names
+    near = ([name for name in names if name.startswith(key_text)]
+            or difflib.get_close_matches(key_text, names, n=1, cutoff=0.75)
+            or [name for name in names if len(key_text) > 3 and name.startswith(key_text[:-1])])
     return InvalidArgument(f"{path}.{key}: unknown field" + (f" (did you mean {near[0]}?)" if near else ""))
