@@ -1225,9 +1225,12 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
             raise BadRecord(f"{pending[found[0]][0]}: {column!r}: {found[1]}") from None
         chunks.append(np.array(rows))  # a copy: the rows are views valid until the next call
         locations.extend(location for location, _ in pending)
+        bar.update(len(pending))
         pending.clear()
 
-    with executor, uform.Encoder.load(checkpoint, executor) as encoder:
+    import tqdm  # a count of the records embedded, where stderr is a terminal: their total is known only at the end
+    with executor, uform.Encoder.load(checkpoint, executor) as encoder, \
+            tqdm.tqdm(unit=" records", disable=None, dynamic_ncols=True) as bar:
         for location, values, folder in records(dataset):
             group = load_media(make_group(dataset, location, values, folder))  # refuses a bad record, naming it
             pending.append((location, group.items[0][1]))
