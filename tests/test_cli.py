@@ -168,6 +168,7 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
     trained = [line for line in log if "loss" in line]
     assert [line["step"] for line in trained] == list(range(1, 10))
     assert all(line["data_seconds"] >= 0 and line["step_seconds"] > 0 for line in trained)
+    assert all(line["evaluation_seconds"] > 0 for line in log if "evaluation" in line)
     evaluations = [line for line in log if "evaluation" in line]
     assert [line["step"] for line in evaluations] == [4, 8, 9]
     for metrics in evaluations[-1]["evaluation"].values():

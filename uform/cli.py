@@ -988,7 +988,9 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                 save_checkpoint(trainer, saved_in, step, cursor, every.keep)  # host domain 0 writes for all
                 saved_step, saved_time = step, time.monotonic()
             if evaluating(step):
+                bar.set_description_str("evaluating")  # the bar stands still meanwhile: said so
                 _evaluate(trainer, executor, config, held_out, log, step, mesh)
+                bar.set_description_str("")
                 evaluated_step = step
         if flight is not None:
             land()
@@ -1128,13 +1130,14 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
 
 
 def _evaluate(trainer, executor, config, held_out, log, step, mesh=None) -> None:
+    began = time.perf_counter()
     metrics, dropped = evaluate(trainer, executor, config.run.folder, held_out, config.data.bad_records == "refuse",
                                 mesh)
     if dropped:
         log.write(dict(step=step, held_out_bad_records=dropped))
     if metrics is None:  # another host domain's share, scored by host domain 0
         return
-    log.write(dict(step=step, evaluation=metrics),
+    log.write(dict(step=step, evaluation=metrics, evaluation_seconds=time.perf_counter() - began),
               {f"evaluation/{direction}/{name}": value for direction, values in metrics.items()
                for name, value in values.items()})
     summary = ", ".join(f"{direction} recall@1 {values['recall@1']:.3f} mrr {values['mrr']:.3f}"
