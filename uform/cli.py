@@ -998,10 +998,13 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
         if flight is not None:
             land()
         raise _refused(config, trainer, log, error, step, cursor, saved_step, mesh) from None
-    except BaseException:
+    except BaseException as error:
         if flight is not None:  # the step ahead trained: its line is logged before the error ends the run
             with contextlib.suppress(Exception):
                 land()
+        if isinstance(error, uform.Error):  # the reason, where an unattended run's stderr may be lost
+            with contextlib.suppress(Exception):
+                log.write(dict(step=step, error=f"{type(error).__name__}: {error}"))
         raise
     finally:
         bar.close()
