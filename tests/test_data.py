@@ -205,6 +205,9 @@ def test_a_missing_column_or_key_fails_at_once_naming_it(tmp_path):
         Stream(dict(paths=[jsonl], colums=PAIRS), CONFIG)
     with pytest.raises(uform.InvalidArgument, match="data.negatives.question: 'question' is also one of data.columns"):
         Stream(dict(paths=[jsonl], columns=PAIRS, negatives=dict(question="text")), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match="data.columns: 'question' alone: the joint objective's"):
+        Stream(dict(paths=[jsonl], columns=dict(question="text")), CONFIG)  # as `uform train` refuses it
+    Stream(dict(paths=[jsonl], columns=dict(question="text")), dict(CONFIG, objective="masked")).close()
     with pytest.raises(uform.InvalidArgument, match="data.columns.question: 'txt' is not a Modality"):
         Stream(dict(paths=[jsonl], columns=dict(question="txt")), CONFIG)
 

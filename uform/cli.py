@@ -38,7 +38,7 @@ from .config import Modality, TrainerConfig, enum_member, enum_names, normalize,
 from .data import FORMATS, BadRecord, Dataset, Stream, check_schema, list_shards, load_media, make_group, normalize_dataset, records
 from .data.dataset import check_columns, refused_item
 from .data.readers import columns_of_first_record
-from .data.stream import CURSOR_KEYS, UnusableEpochs
+from .data.stream import CURSOR_KEYS, UnusableEpochs, check_paired
 from .errors import Error, InvalidArgument, InvalidCheckpoint, PeerError, Unsupported, unknown_field
 from .logs import RunLog
 
@@ -218,12 +218,7 @@ def load_config(path: str) -> TrainConfig:
         trainer["resume"] = owned(trainer["resume"])
     data = normalize_dataset(sections["data"])
     data.paths = [resolve(entry) for entry in data.paths]
-    objective = str(trainer.get("objective", "")).lower()
-    if len(data.columns) < 2 and objective in ("contrastive", "joint"):
-        (name,) = data.columns
-        raise InvalidArgument(f"data.columns: {name!r} alone: the {objective} objective's contrastive term attracts the "
-                              "items of one record, so each record needs two columns or more (a query's and its "
-                              "target's, a caption's and its image's); with one, set trainer.objective = \"masked\"")
+    check_paired(data, str(trainer.get("objective", "")).lower())
     evaluation = None
     if "evaluation" in sections:
         evaluation = _plain_section(Evaluation, sections["evaluation"], "evaluation")

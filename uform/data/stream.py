@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ..batch import Edges, Tape
-from ..config import Modality, normalize_trainer_config, unsigned
+from ..config import Modality, TrainerConfig, enum_names, normalize_trainer_config, unsigned
 from ..errors import InvalidArgument
 from .dataset import (BadRecord, Dataset, Group, check_schema, column_of, list_shards, load_media, make_group,
                       normalize_dataset, refused_item, text_columns)
@@ -145,6 +145,15 @@ class _Capacity:
         return True
 
 
+def check_paired(dataset: Dataset, objective: str, path: str = "data") -> None:
+    """Refuses one column where the objective has a contrastive term, which attracts the items of one record."""
+    if len(dataset.columns) < 2 and objective in ("contrastive", "joint"):
+        (name,) = dataset.columns
+        raise InvalidArgument(f"{path}.columns: {name!r} alone: the {objective} objective's contrastive term attracts "
+                              "the items of one record, so each record needs two columns or more (a query's and its "
+                              "target's, a caption's and its image's); with one, set trainer.objective = \"masked\"")
+
+
 class Stream:
     """Step batches for this process, from a `Dataset`, packed for the trainer `config`'s geometry.
 
@@ -164,6 +173,7 @@ class Stream:
                  cursor: Optional[Dict[str, Any]] = None) -> None:
         self.dataset = normalize_dataset(dataset)
         normalized = normalize_trainer_config(config)
+        check_paired(self.dataset, enum_names(TrainerConfig, normalized)["objective"])
         self.seed = normalized["seed"]
         self.count = unsigned(process_count, 32, "process_count")
         if not self.count:
