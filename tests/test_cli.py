@@ -764,6 +764,13 @@ def test_an_image_the_library_cannot_decode_is_one_bad_record_named_by_its_locat
     assert re.search(rf"uform train: {re.escape(photos)}:p03: 'jpg;png;webp': not a readable PNG", capsys.readouterr().err)
 
 
+def test_an_empty_dataset_is_refused_naming_it_before_the_run_makes_its_folder(run, tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    assert cli.main(["train", run(**{'paths = ["train.jsonl"]': 'paths = ["empty.jsonl"]'})]) == 1
+    assert f"uform train: data.paths: {tmp_path / 'empty.jsonl'} holds no records" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_dataset_whose_every_record_is_bad_stops_with_the_reasons(run, tmp_path, capsys):
     config = run(**{'answer = "text"': 'answer = "image"', '[evaluation]\npaths = ["held-out.jsonl"]\nevery_steps = 4': ""})
     started = time.monotonic()

@@ -459,11 +459,15 @@ def test_an_error_in_the_thread_surfaces_at_the_next_batch(tmp_path):
     path = write_jsonl(tmp_path / "pairs.jsonl", pairs(3))
     with stream_of([path]) as stream:
         next(stream)
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("\n")
-    with stream_of([str(empty)]) as stream, pytest.raises(uform.InvalidArgument,
-                                                           match=f"data.paths: {re.escape(str(empty))} holds no records"):
+    header = tmp_path / "header.csv"  # its header names the columns, so it passes the check made before any read
+    header.write_text("question,answer\n")
+    with stream_of([str(header)]) as stream, pytest.raises(uform.InvalidArgument,
+                                                            match=f"data.paths: {re.escape(str(header))} holds no records"):
         next(stream)
+    empty = tmp_path / "empty.jsonl"  # no first record at all: refused before the stream starts, and a run its folder
+    empty.write_text("\n")
+    with pytest.raises(uform.InvalidArgument, match=f"data.paths: {re.escape(str(empty))} holds no records"):
+        stream_of([str(empty)])
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -144,16 +144,27 @@ def check_schema(dataset: Dataset, shards: List[Tuple[str, str]], path: str = "d
     wanted += [(f"{path}.negatives.{name}", name) for name in dataset.negatives]
     wanted += [(f"{path}.{kind}", getattr(dataset, kind)) for kind in ("weight", "choices", "choice_targets")
                if getattr(dataset, kind) is not None]
-    check_columns(shards, wanted)
+    if check_columns(shards, wanted) == len(shards):  # refused now, before a run makes its folder
+        raise no_records(shards, path)
 
 
-def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str]]) -> None:
+def no_records(shards: List[Tuple[str, str]], path: str = "data") -> InvalidArgument:
+    """The refusal of a dataset whose shards hold no record, naming its first."""
+    count, first = len(shards), shards[0][0]
+    return InvalidArgument(f"{path}.paths: " + (f"{first} holds" if count == 1 else f"the {count} shards, from {first}, hold")
+                           + " no records")
+
+
+def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str]]) -> int:
     """Each column of `wanted`, (the field or argument that named it, the column), is in every shard's header
-    or first record; `InvalidArgument` names the field, the shard and the columns it has otherwise."""
+    or first record; `InvalidArgument` names the field, the shard and the columns it has otherwise. Answers how
+    many shards hold no record at all."""
+    empty = 0
     for path, layout in shards:
         offered = columns_of_first_record(path, layout)
         if offered is None:
-            continue  # an empty shard has no records to be wrong
+            empty += 1  # an empty shard has no records to be wrong
+            continue
         for field_path, column in wanted:
             if not any(name in offered for name in column.split(";")):
                 if layout == "tar":  # a sample split apart explains a missing file better: read_tar names it
@@ -163,6 +174,7 @@ def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str
                 noun = "file" if layout in ("tar", "folder") else "column"
                 raise InvalidArgument(f"{field_path}: {path}'s {where} has no {noun} {column!r} "
                                       f"(it has {', '.join(map(repr, offered)) or 'nothing'})")
+    return empty
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -36,7 +36,7 @@ from ..batch import Edges, Tape
 from ..config import Modality, TrainerConfig, enum_names, normalize_trainer_config, unsigned
 from ..errors import InvalidArgument
 from .dataset import (BadRecord, Dataset, Group, check_schema, column_of, list_shards, load_media, make_group,
-                      normalize_dataset, refused_item, text_columns)
+                      no_records, normalize_dataset, refused_item, text_columns)
 from .readers import READERS
 
 _CURSOR_FIELDS = ("epoch", "shard", "offset", "skip", "batch")  # where the stream stands
@@ -257,10 +257,8 @@ class Stream:
                 for index in range(skip, len(block)):
                     yield (epoch, block_shard, block_offset, index), block[permutation[index]][2]
                 skip = 0
-            if not read_any and shard == 0 and offset == 0:
-                count = len(self.shards)
-                named = f"{self.shards[0][0]} holds" if count == 1 else f"the {count} shards, from {self.shards[0][0]}, hold"
-                raise InvalidArgument(f"data.paths: {named} no records")
+            if not read_any and shard == 0 and offset == 0:  # a table of a header alone, say
+                raise no_records(self.shards)
             epoch, shard, offset = epoch + 1, 0, 0
             yield (epoch, 0, 0, 0), None  # the epoch's end
 
