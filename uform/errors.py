@@ -72,8 +72,8 @@ del _error
 
 
 def unknown_field(path: str, key: Any, names: Iterable[str]) -> InvalidArgument:
-    """`path.key` refused as no field of `names`, with the one it misspells or begins where there is one (a
-    short key's last character mistyped, as in `max_rowz`, included)."""
+    """`path.key` refused as no field of `names`, with the one it misspells or begins where there is one (a key
+    whose last character is mistyped, as `max_rowz` is, included)."""
     names, key_text = sorted(names), str(key)  # the same suggestion run to run, whatever the order of a set of names
     near = ([name for name in names if name.startswith(key_text)]
             or difflib.get_close_matches(key_text, names, n=1, cutoff=0.75)
