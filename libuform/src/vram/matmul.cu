@@ -42,6 +42,7 @@ struct uform_vram_product_t {
 struct uform_vram_products_t {
     std::map<uform_vram_shape_t, uform_vram_product_t*> planned;
     uform_hopper_encoder_t hopper = nullptr; /* the tensor-map encoder, where the library's Hopper kernels run */
+    int tile_n = 128;                        /* their tiles' columns */
 };
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
@@ -53,6 +54,18 @@ bool uform_vram_hopper_takes(uform_vram_context_t* context, size_t m, size_t n, 
                              void const* d, void const* aux) {
     return ((uform_vram_products_t*)context->matmuls)->hopper && uform_hopper_fits(m, n, k) &&
            uform_hopper_aligned(a, b, d, aux);
+}
+
+/** The library's Hopper product on the context's stream: `d = epilogue(a x b^T)`, b given as (n, k). */
+uform_status_t uform_vram_hopper_product(uform_vram_context_t* context, uform_hopper_epilogue_t epilogue, void* d,
+                                         void* aux, void const* a, void const* b, size_t m, size_t n, size_t k,
+                                         char const* call) {
+    uform_vram_products_t const* products = (uform_vram_products_t const*)context->matmuls;
+    return uform_vram_check(uform_hopper_product(products->hopper, context->multiprocessors, context->stream,
+                                                 uform_vram_dependent_launches, products->tile_n, epilogue,
+                                                 (uform_bf16_t*)d, (uform_bf16_t*)aux, (uform_bf16_t const*)a,
+                                                 (uform_bf16_t const*)b, m, n, k),
+                            call);
 }
 
 /** b (rows, columns) row-major into b^T, 32 x 32 tiles through shared memory. */
@@ -254,6 +267,9 @@ uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
     char const* wanted = getenv("UFORM_HOPPER_PRODUCTS");
     if (uform_hopper_ready(context->ordinal) && !(wanted && !strcmp(wanted, "0")))
         products->hopper = uform_hopper_encoder();
+    /* UFORM_HOPPER_TILE=192 gives them tiles 192 columns wide: to compare the two. */
+    char const* tile = getenv("UFORM_HOPPER_TILE");
+    if (tile && !strcmp(tile, "192")) products->tile_n = 192;
     cublasLtHandle_t handle = nullptr;
     uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
     context->blas = handle;
@@ -281,12 +297,7 @@ uform_status_t uform_vram_matmul_gelu(void* context_, void* activated, void* up,
     uform_vram_context_t* context = uform_vram(context_);
     if (!m || !uform_vram_hopper_takes(context, m, n, k, a, b, activated, up))
         return uform_vram_product(context, activated, nullptr, a, b, m, n, k, 0, 1, 0, uform_vram_gelu_k, up);
-    return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
-                                                 context->multiprocessors, context->stream,
-                                                 uform_vram_dependent_launches, uform_hopper_gelu_k,
-                                                 (uform_bf16_t*)activated, (uform_bf16_t*)up, (uform_bf16_t const*)a,
-                                                 (uform_bf16_t const*)b, m, n, k),
-                            "the GELU product");
+    return uform_vram_hopper_product(context, uform_hopper_gelu_k, activated, up, a, b, m, n, k, "the GELU product");
 }
 
 uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void const* up, void const* a, void const* b,
@@ -302,10 +313,6 @@ uform_status_t uform_vram_matmul_gelu_backward(void* context_, void* d_up, void 
         context->stream, transposed, (uform_bf16_t const*)b, k, n);
     uform_status_t status = uform_vram_launched("uform_vram_transpose");
     if (status != uform_status_success_k) return status;
-    return uform_vram_check(uform_hopper_product(((uform_vram_products_t*)context->matmuls)->hopper,
-                                                 context->multiprocessors, context->stream,
-                                                 uform_vram_dependent_launches,
-                                                 uform_hopper_gelu_backward_k, (uform_bf16_t*)d_up,
-                                                 (uform_bf16_t*)up /* read */, (uform_bf16_t const*)a, transposed, m, n, k),
-                            "the GELU backward product");
+    return uform_vram_hopper_product(context, uform_hopper_gelu_backward_k, d_up, (void*)up /* read */, a, transposed,
+                                     m, n, k, "the GELU backward product");
 }
