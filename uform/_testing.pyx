@@ -130,7 +130,7 @@ cdef extern from "backend.h" nogil:
         uform_status_t (*rope_backward)(void*, void*, const uint32_t*, size_t, size_t)
         uform_status_t (*attention_forward)(void*, void*, float*, const void*, const uform_items_t*, size_t, size_t)
         uform_status_t (*attention_backward)(void*, void*, const void*, const void*, const float*, const void*,
-                                             const uint32_t*, const uform_items_t*, size_t, size_t)
+                                             const uint32_t*, int, const uform_items_t*, size_t, size_t)
         uform_status_t (*gelu_forward)(void*, void*, const void*, size_t)
         uform_status_t (*gelu_backward)(void*, void*, const void*, const void*, size_t)
         uform_status_t (*gather_rows)(void*, void*, const void*, const uint32_t*, size_t, size_t)
@@ -466,7 +466,7 @@ def attention_backward(d_out, out, statistics, qkv, segments, positions=None, in
     cdef void* d_qkv = s.put(np.full(qkv.shape, np.nan, np.float32), ACT)
     cdef uint32_t* turns = NULL if positions is None else <uint32_t*>s.put(np.ascontiguousarray(positions, np.uint32))
     s.check(s.backend.attention_backward(s.context, d_qkv, s.put(d_out, ACT), s.put(out, ACT),
-                                         <float*>s.put(statistics), s.put(qkv, ACT), turns, &items, tokens, hidden))
+                                         <float*>s.put(statistics), s.put(qkv, ACT), turns, 0, &items, tokens, hidden))
     return s.get(<size_t>d_qkv, qkv.shape, ACT)
 
 

@@ -261,11 +261,13 @@ typedef uform_status_t (*uform_attention_forward_t)(void* context, void* out, fl
                                                     uform_items_t const* items, size_t tokens, size_t hidden);
 /** d_qkv (tokens, 3 hidden) is written, not accumulated. Given the `positions` that turned qkv's
  *  queries and keys (`uform_rope_t`), it is the gradient of qkv before that turn: the inverse turn
- *  fused into the write where the backend can, so no pass of its own reads and writes d_qkv again. */
+ *  fused into the write where the backend can, so no pass of its own reads and writes d_qkv again.
+ *  `same_positions`: 1 when they are the positions of this context's last call, so that what the
+ *  backend derived from them then (the Hopper kernels' table of cosines and sines) still holds. */
 typedef uform_status_t (*uform_attention_backward_t)(void* context, void* d_qkv, void const* d_out, void const* out,
                                                      float const* statistics, void const* qkv,
-                                                     uint32_t const* positions, uform_items_t const* items,
-                                                     size_t tokens, size_t hidden);
+                                                     uint32_t const* positions, int same_positions,
+                                                     uform_items_t const* items, size_t tokens, size_t hidden);
 /** Tanh-approximated GELU, element-wise; the backward pass writes d_in, which may alias d_out. */
 typedef uform_status_t (*uform_gelu_forward_t)(void* context, void* out, void const* in, size_t count);
 typedef uform_status_t (*uform_gelu_backward_t)(void* context, void* d_in, void const* d_out, void const* in,

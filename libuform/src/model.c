@@ -504,8 +504,9 @@ static uform_status_t uform_model_backward(uform_replica_t* r, uform_layout_t co
         /* d_stream now holds the gradient of the middle of the block. */
         UFORM_TRY(b->matmul(x, d_out, d_out, r->d_stream, a->attended, h, h, tokens, 1, 0, f32));
         UFORM_TRY(b->matmul(x, r->d_hidden, NULL, r->d_stream, uform_compute(r, layout, block->out), tokens, h, h, 0, 0, act));
+        /* The gradient of qkv before its rotary turn; every layer but the first of the pass has the same positions. */
         UFORM_TRY(b->attention_backward(x, r->d_qkv, r->d_hidden, a->attended, a->statistics, a->qkv, r->positions,
-                                        &items, tokens, h)); /* the gradient of qkv before its rotary turn */
+                                        l + 1 != layout->depth, &items, tokens, h));
         UFORM_TRY(b->matmul(x, d_qkv, d_qkv, r->d_qkv, a->normed1, 3 * h, h, tokens, 1, 0, f32));
         UFORM_TRY(b->matmul(x, r->d_hidden, NULL, r->d_qkv, uform_compute(r, layout, block->qkv), tokens, h, 3 * h, 0, 0,
                             act));

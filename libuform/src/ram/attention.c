@@ -78,7 +78,9 @@ uform_status_t uform_ram_attention_forward(void* context, void* out_, float* lse
  */
 uform_status_t uform_ram_attention_backward(void* context, void* d_qkv_, void const* d_out_, void const* out_,
                                             float const* lse, void const* qkv_, uint32_t const* positions,
-                                            uform_items_t const* items, size_t tokens, size_t hidden) {
+                                            int same_positions, uform_items_t const* items, size_t tokens,
+                                            size_t hidden) {
+    (void)same_positions; /* the CPU turns each gradient from its position afresh */
     uform_ram_blas_init();
     uform_ram_context_t const* planned = context;
     float* d_qkv = d_qkv_;

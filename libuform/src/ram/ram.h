@@ -95,7 +95,8 @@ uform_status_t uform_ram_attention_forward(void* context, void* out, float* lse,
                                            uform_items_t const* items, size_t tokens, size_t hidden);
 uform_status_t uform_ram_attention_backward(void* context, void* d_qkv, void const* d_out, void const* out,
                                             float const* lse, void const* qkv, uint32_t const* positions,
-                                            uform_items_t const* items, size_t tokens, size_t hidden);
+                                            int same_positions, uform_items_t const* items, size_t tokens,
+                                            size_t hidden);
 uform_status_t uform_ram_gelu_forward(void* context, void* out, void const* in, size_t count);
 uform_status_t uform_ram_gelu_backward(void* context, void* d_in, void const* d_out, void const* in, size_t count);
 uform_status_t uform_ram_gather_rows(void* context, void* out, void const* in, uint32_t const* rows, size_t count,

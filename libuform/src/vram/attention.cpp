@@ -295,7 +295,8 @@ uform_status_t uform_vram_attention_forward(void* context_, void* out, float* st
 
 uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void const* d_out, void const* out,
                                              float const* statistics, void const* qkv, uint32_t const* positions,
-                                             uform_items_t const* items, size_t tokens, size_t hidden) {
+                                             int same_positions, uform_items_t const* items, size_t tokens,
+                                             size_t hidden) {
     uform_vram_context_t* context = uform_vram(context_);
     uform_status_t status = uform_status_success_k;
     /* cuDNN writes the rows of items alone; the contract writes every row, so gaps are zeroed first. */
@@ -308,7 +309,7 @@ uform_status_t uform_vram_attention_backward(void* context_, void* d_qkv, void c
     if (status != uform_status_success_k) return status;
     if (state->hopper)
         return uform_vram_hopper_attention_backward(context, state->hopper, d_qkv, d_out, out, statistics, qkv,
-                                                    positions, items, tokens, hidden);
+                                                    positions, same_positions, items, tokens, hidden);
     uform_vram_attention_graphs_t* graphs;
     status = uform_vram_attention_prepare(context, items, hidden, &graphs);
     if (status != uform_status_success_k) return status;

@@ -80,10 +80,10 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
 
 uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* context, void* encoder, void* d_qkv,
                                                     void const* d_out, void const* out, float const* statistics,
-                                                    void const* qkv, uint32_t const* positions,
+                                                    void const* qkv, uint32_t const* positions, int same_positions,
                                                     uform_items_t const* items, size_t tokens, size_t hidden) {
     float2* turns = positions ? uform_vram_attention_turns(context) : nullptr;
-    if (turns) UFORM_TRY(uform_vram_rope_turns(context, turns, positions, tokens));
+    if (turns && !same_positions) UFORM_TRY(uform_vram_rope_turns(context, turns, positions, tokens));
     return uform_vram_check(uform_flash_backward((uform_hopper_encoder_t)encoder, context->multiprocessors, context->stream,
                                                  uform_vram_dependent_launches, (uform_bf16_t*)d_qkv,
                                                  uform_vram_attention_deltas(context),

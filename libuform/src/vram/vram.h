@@ -81,7 +81,7 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
                                                    size_t tokens, size_t hidden);
 uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* context, void* encoder, void* d_qkv,
                                                     void const* d_out, void const* out, float const* statistics,
-                                                    void const* qkv, uint32_t const* positions,
+                                                    void const* qkv, uint32_t const* positions, int same_positions,
                                                     uform_items_t const* items, size_t tokens, size_t hidden);
 /** turns (tokens, 32): each token's rotary cosines and sines, as `rope.cu` rounds them. */
 uform_status_t uform_vram_rope_turns(uform_vram_context_t* context, float2* turns, uint32_t const* positions,
@@ -181,7 +181,8 @@ uform_status_t uform_vram_attention_forward(void* context, void* out, float* sta
                                             uform_items_t const* items, size_t tokens, size_t hidden);
 uform_status_t uform_vram_attention_backward(void* context, void* d_qkv, void const* d_out, void const* out,
                                              float const* statistics, void const* qkv, uint32_t const* positions,
-                                             uform_items_t const* items, size_t tokens, size_t hidden);
+                                             int same_positions, uform_items_t const* items, size_t tokens,
+                                             size_t hidden);
 uform_status_t uform_vram_gelu_forward(void* context, void* out, void const* in, size_t count);
 uform_status_t uform_vram_gelu_backward(void* context, void* d_in, void const* d_out, void const* in, size_t count);
 uform_status_t uform_vram_gather_rows(void* context, void* out, void const* in, uint32_t const* rows, size_t count,
