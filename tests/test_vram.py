@@ -67,16 +67,18 @@ def test_matmul(rng, m, n, k, a_transposed, b_transposed):
         close(gpu, cpu, F32 if kwargs.get("float_output") else BF16)
 
 
-@pytest.mark.parametrize("products", ["128", "192", "cuBLASLt"])
+@pytest.mark.parametrize("products", ["128", "192", "128 registers", "192 registers", "cuBLASLt"])
 @pytest.mark.parametrize("m, hidden, wide", [(300, 128, 512), (1000, 72, 520), (129, 512, 2048), (70, 64, 100)])
 def test_matmul_gelu_fusions(rng, monkeypatch, products, m, hidden, wide):
     """The GELU pair against the CPU's unfused operations, on whole and partial tiles, by the library's
-    Hopper kernels where they run, with tiles 128 or 192 columns wide (UFORM_HOPPER_TILE), and by
-    cuBLASLt's epilogues (everywhere with UFORM_HOPPER_PRODUCTS=0, and for a width of 100, which the
-    Hopper kernels do not take). What `up` holds between the two is the backend's own (the sum before
-    GELU, or GELU's slope there): only the pair's results are compared."""
+    Hopper kernels where they run, with tiles 128 or 192 columns wide (UFORM_HOPPER_TILE) and results
+    stored through shared memory or from registers (UFORM_HOPPER_STORES), and by cuBLASLt's epilogues
+    (everywhere with UFORM_HOPPER_PRODUCTS=0, and for a width of 100, which the Hopper kernels do not
+    take). What `up` holds between the two is the backend's own (the sum before GELU, or GELU's slope
+    there): only the pair's results are compared."""
     monkeypatch.setenv("UFORM_HOPPER_PRODUCTS", "0" if products == "cuBLASLt" else "1")
-    monkeypatch.setenv("UFORM_HOPPER_TILE", products)
+    monkeypatch.setenv("UFORM_HOPPER_TILE", products.split()[0])
+    monkeypatch.setenv("UFORM_HOPPER_STORES", products.split()[-1])
     a, d = act(rng, m, hidden), act(rng, m, hidden)
     w_up, w_down = act(rng, wide, hidden, scale=hidden**-0.5), act(rng, hidden, wide, scale=wide**-0.5)
     before = testing.matmul(a, w_up, b_transposed=True, backend="ram")

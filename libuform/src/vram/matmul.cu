@@ -43,6 +43,7 @@ struct uform_vram_products_t {
     std::map<uform_vram_shape_t, uform_vram_product_t*> planned;
     uform_hopper_encoder_t hopper = nullptr; /* the tensor-map encoder, where the library's Hopper kernels run */
     int tile_n = 128;                        /* their tiles' columns */
+    bool direct = false;                     /* their results stored from registers */
 };
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
@@ -62,7 +63,8 @@ uform_status_t uform_vram_hopper_product(uform_vram_context_t* context, uform_ho
                                          char const* call) {
     uform_vram_products_t const* products = (uform_vram_products_t const*)context->matmuls;
     return uform_vram_check(uform_hopper_product(products->hopper, context->multiprocessors, context->stream,
-                                                 uform_vram_dependent_launches, products->tile_n, epilogue,
+                                                 uform_vram_dependent_launches, products->tile_n, products->direct,
+                                                 epilogue,
                                                  (uform_bf16_t*)d, (uform_bf16_t*)aux, (uform_bf16_t const*)a,
                                                  (uform_bf16_t const*)b, m, n, k),
                             call);
@@ -270,6 +272,9 @@ uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
     /* UFORM_HOPPER_TILE=192 gives them tiles 192 columns wide: to compare the two. */
     char const* tile = getenv("UFORM_HOPPER_TILE");
     if (tile && !strcmp(tile, "192")) products->tile_n = 192;
+    /* UFORM_HOPPER_STORES=registers stores their results from registers rather than through shared memory. */
+    char const* stores = getenv("UFORM_HOPPER_STORES");
+    products->direct = stores && !strcmp(stores, "registers");
     cublasLtHandle_t handle = nullptr;
     uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
     context->blas = handle;

@@ -24,7 +24,10 @@
  *
  *  A tile 192 wide reads 1.5 times the columns of b for each slice of a, so shared memory, the bound
  *  of these products, serves fewer bytes a product (`bench/RESULTS.md`); it leaves room for three
- *  stages. `UFORM_HOPPER_TILE=192` picks it, to compare the two.
+ *  stages. `UFORM_HOPPER_TILE=192` picks it, to compare the two. By the same account an epilogue
+ *  moving its tile through shared memory twice (written by the threads, read by the copy) slows the
+ *  other warpgroup's products: `UFORM_HOPPER_STORES=registers` has each thread store its results to
+ *  global memory itself, 16 bytes at a time (`finish_direct`), to compare.
  *
  *  Every output element is one thread's sum over k in a fixed order: deterministic, no split of k.
  *  The instructions exist on sm_90a only: the host launches the kernel on compute capability 9.0
@@ -182,6 +185,7 @@ template <int held> __device__ __forceinline__ void pin(float (&d)[held]) {
 
 struct arguments_t {
     int m, n, k;
+    __nv_bfloat16 *d, *aux; /* for stores from registers (`direct`): the tensor maps' matrices */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -224,6 +228,71 @@ __device__ __forceinline__ void finish(float const (&sums)[held], uint8_t* tile,
     }
 }
 
+/*  Lane q of each quad holds pair q of four 16-byte chunks, c = 0..3, in `pairs[c]`; afterwards it
+    holds all four pairs of chunk q, in order. Two exchanges, each swapping one bit of the lane's
+    number with the same bit of the chunk's, make a 4 x 4 transpose of 4-byte pieces. */
+__device__ __forceinline__ void gather_chunk(uint32_t (&pairs)[4], int q) {
+    uint32_t x = __shfl_xor_sync(0xFFFFFFFFu, q & 1 ? pairs[0] : pairs[1], 1);
+    uint32_t y = __shfl_xor_sync(0xFFFFFFFFu, q & 1 ? pairs[2] : pairs[3], 1);
+    if (q & 1) pairs[0] = x, pairs[2] = y;
+    else pairs[1] = x, pairs[3] = y;
+    x = __shfl_xor_sync(0xFFFFFFFFu, q & 2 ? pairs[0] : pairs[2], 2);
+    y = __shfl_xor_sync(0xFFFFFFFFu, q & 2 ? pairs[1] : pairs[3], 2);
+    if (q & 2) pairs[0] = x, pairs[1] = y;
+    else pairs[2] = x, pairs[3] = y;
+}
+
+__device__ __forceinline__ uint32_t packed(float2 x) {
+    __nv_bfloat162 pair = __floats2bfloat162_rn(x.x, x.y);
+    return *(uint32_t*)&pair;
+}
+
+__device__ __forceinline__ void store_chunk(__nv_bfloat16* at, uint32_t const (&pairs)[4]) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(pairs[0]), "r"(pairs[1]), "r"(pairs[2]),
+                 "r"(pairs[3]));
+}
+
+/*  The epilogue of a 64 x N fragment (rows `row0` on of the warpgroup's tile, which starts at row `row`,
+    column `column` of d) stored from registers: each quad of lanes swaps its pairs (`gather_chunk`) so
+    that every lane stores 16 contiguous bytes, and a warp's store covers 8 rows of 64 bytes. The
+    tile in shared memory is only read, for the gradient's aux. GELU's forward stores the sums to aux
+    and their GELU to d. */
+template <uform_hopper_epilogue_t epilogue, int held>
+__device__ __forceinline__ void finish_direct(float const (&sums)[held], uint8_t const* tile, int row0,
+                                              arguments_t const& args, int row, int column) {
+    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, q = lane % 4;
+#pragma unroll
+    for (int below = 0; below != 2; ++below) {
+        int const r = row0 + warp * 16 + lane / 4 + 8 * below;
+        uint8_t const* aux_row = tile + r * 128 + 4 * q;
+        bool const inside = row + r < args.m;
+        size_t const offset = (size_t)(row + r) * args.n;
+#pragma unroll
+        for (int first = 0; first != held / 4; first += 4) { /* four chunks: one a lane once gathered */
+            uint32_t values[4], sums_kept[4];
+#pragma unroll
+            for (int c = 0; c != 4; ++c) {
+                int const j = first + c;
+                float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
+                if (epilogue == uform_hopper_gelu_backward_k) {
+                    float2 up = __bfloat1622float2(
+                        *(__nv_bfloat162 const*)(aux_row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16)));
+                    x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
+                }
+                if (epilogue == uform_hopper_gelu_k) sums_kept[c] = packed(x), x = make_float2(gelu(x.x), gelu(x.y));
+                values[c] = packed(x);
+            }
+            gather_chunk(values, q);
+            int const at = column + 8 * (first + q);
+            if (inside && at < args.n) store_chunk(args.d + offset + at, values);
+            if (epilogue == uform_hopper_gelu_k) {
+                gather_chunk(sums_kept, q);
+                if (inside && at < args.n) store_chunk(args.aux + offset + at, sums_kept);
+            }
+        }
+    }
+}
+
 #endif
 
 /*  Two warpgroups multiply, taking the block's tiles in turn (the block's i-th tile goes to
@@ -232,7 +301,7 @@ __device__ __forceinline__ void finish(float const (&sums)[held], uint8_t* tile,
     the ring's (i * slices + s)-th entry. A warpgroup starts waiting for its tile's slices only once
     the other has received all of the previous tile's: a stage's barrier tells one pass round the
     ring from the next by parity alone, so no waiter may be two passes ahead of the loads. */
-template <uform_hopper_epilogue_t epilogue, int tile_n>
+template <uform_hopper_epilogue_t epilogue, int tile_n, bool direct>
 __global__ void __launch_bounds__(threads, 1)
     product(__grid_constant__ CUtensorMap const a_map, __grid_constant__ CUtensorMap const b_map,
             __grid_constant__ CUtensorMap const d_map, __grid_constant__ CUtensorMap const aux_map, arguments_t args) {
@@ -327,6 +396,16 @@ __global__ void __launch_bounds__(threads, 1)
 
         uint8_t* output = outputs + group * boxes * half_bytes;
         bool const leader = threadIdx.x % consumers == 0; /* issues the stores and waits for their reads */
+        if (direct) {
+            if (has_aux) barrier_wait(&aux_full[group], (turn / 2) & 1);
+            finish_direct<epilogue>(upper, output, 0, args, row0, column0);
+            finish_direct<epilogue>(lower, output, 64, args, row0, column0);
+            if (has_aux) {
+                group_sync(group); /* every thread has read the aux */
+                if (leader) barrier_arrive(&aux_empty[group]);
+            }
+            continue;
+        }
         auto store = [&](CUtensorMap const* map) { /* the leader then waits for the copy to read the tile */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the writes, seen by the store's copy */
             group_sync(group);
@@ -417,11 +496,12 @@ static inline bool uform_hopper_map(uform_hopper_encoder_t encode, CUtensorMap* 
 }
 
 /** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), d and aux (m, n), all row-major; aux is
- *  written by `gelu`, read by `gelu_backward`. `tile_n`: a tile's columns, 128 or 192. `dependent`: let the blocks
+ *  written by `gelu`, read by `gelu_backward`. `tile_n`: a tile's columns, 128 or 192; `direct`: results stored from
+ *  registers, not through shared memory and the tensor memory accelerator. `dependent`: let the blocks
  *  be scheduled while the kernel before it drains (programmatic dependent launch); they wait for it before touching
  *  memory. The caller checks `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse. */
 static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
-                                               bool dependent, int tile_n, uform_hopper_epilogue_t epilogue,
+                                               bool dependent, int tile_n, bool direct, uform_hopper_epilogue_t epilogue,
                                                __nv_bfloat16* d, __nv_bfloat16* aux, __nv_bfloat16 const* a,
                                                __nv_bfloat16 const* b, size_t m, size_t n, size_t k) {
     using namespace uform_hopper;
@@ -435,18 +515,18 @@ static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, in
         !uform_hopper_map(encode, &d_map, d, m, n, tile_m) ||
         !uform_hopper_map(encode, &aux_map, aux ? aux : d, m, n, tile_m))
         return cudaErrorInvalidValue;
-    arguments_t args = {(int)m, (int)n, (int)k};
+    arguments_t args = {(int)m, (int)n, (int)k, d, aux};
     size_t tiles = ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
     size_t pairs = (tiles + 1) / 2; /* a block's two warpgroups take a tile each at a time */
     unsigned blocks = (unsigned)(pairs < (size_t)multiprocessors ? pairs : (size_t)multiprocessors);
     typedef void (*kernel_t)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, arguments_t);
-    kernel_t const kernels[2][3] = {
-        {product<uform_hopper_plain_k, 128>, product<uform_hopper_gelu_k, 128>,
-         product<uform_hopper_gelu_backward_k, 128>},
-        {product<uform_hopper_plain_k, 192>, product<uform_hopper_gelu_k, 192>,
-         product<uform_hopper_gelu_backward_k, 192>},
-    };
-    kernel_t kernel = kernels[tile_n == 192][epilogue];
+#define UFORM_KERNELS(tile_n, direct)                                                                                  \
+    {product<uform_hopper_plain_k, tile_n, direct>, product<uform_hopper_gelu_k, tile_n, direct>,                       \
+     product<uform_hopper_gelu_backward_k, tile_n, direct>}
+    kernel_t const kernels[2][2][3] = {{UFORM_KERNELS(128, false), UFORM_KERNELS(128, true)},
+                                       {UFORM_KERNELS(192, false), UFORM_KERNELS(192, true)}};
+#undef UFORM_KERNELS
+    kernel_t kernel = kernels[tile_n == 192][direct][epilogue];
     size_t const shared_bytes = tile_n == 192 ? wide_t<192>::shared_bytes : wide_t<128>::shared_bytes;
     cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
     if (error != cudaSuccess) return error;
