@@ -7,6 +7,8 @@
     UFORM_HOPPER_ATTENTION=0 python bench/gpu.py --geometry 12 512 64 512  # cuDNN's attention on Hopper too
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile  # and each kernel's share
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile --timeline step.txt  # and one step's kernels
+    python bench/gpu.py --geometry 12 512 64 512 --no-peer --trial UFORM_HOPPER_TILE=192 --rounds 2
+                                             # as it is, then with that setting, twice over: an A/B in one process
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
 bytes, one item per row, about 15 % of positions shown as the mask id, items 2k and 2k + 1
@@ -18,7 +20,9 @@ uform's host share (the part of a step spent validating, packing and queueing th
 the GPU can start: `stats.host_seconds` over the step's time), and
 device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
 ratio of uform to the compiled peer. `torch` must be installed; the peer's modes are eager and
-compiled.
+compiled. A `--trial` runs uform again with its environment variables set (those the library reads
+as an executor opens: `UFORM_HOPPER_PRODUCTS`, `_TILE`, `_STORES`, `_ATTENTION`,
+`UFORM_DEPENDENT_LAUNCHES`), its JSON line naming it, after a run as it is.
 """
 import argparse
 import collections
@@ -152,6 +156,21 @@ def uform_run(depth, hidden, rows, cols, steps, warmup, peak, torch, determinism
                 host_share=host / steps / seconds, peak_bf16_tflops=peak, device_memory_bytes=held, loss=stats.loss)
 
 
+def with_environment(trial, run):
+    """run() with the trial's variables ("NAME=VALUE NAME=VALUE") set, then the environment as it was."""
+    settings = dict(pair.split("=", 1) for pair in trial.split())
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        return run()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+
+
 def load_peer():
     spec = importlib.util.spec_from_file_location("torch_peer", os.path.join(os.path.dirname(__file__), "torch_peer.py"))
     module = importlib.util.module_from_spec(spec)
@@ -170,15 +189,26 @@ def main():
     parser.add_argument("--in-flight", type=int, default=2,
                         help="deferred steps kept submitted (1: each waited for, as a blocking loop does)")
     parser.add_argument("--determinism", choices=["bitwise", "fast"], default="bitwise", help="uform's TrainerConfig.determinism")
+    parser.add_argument("--trial", action="append", default=[], metavar="'NAME=VALUE ...'",
+                        help="also time uform with these environment variables set (repeatable)")
+    parser.add_argument("--rounds", type=int, default=1, help="how many times to time uform as it is and each trial")
     args = parser.parse_args()
+    for trial in args.trial:
+        if not trial.split() or not all("=" in pair and pair.split("=")[0] for pair in trial.split()):
+            parser.error(f"--trial {trial!r}: give NAME=VALUE pairs, separated by spaces")
     peer = load_peer()
     import torch
 
     peak = peer.peak_bf16_tflops()
     for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
-        ours = uform_run(depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism,
-                         args.in_flight, args.profile and (args.timeline or True))
-        print(json.dumps(ours), flush=True)
+        for _ in range(args.rounds):
+            for trial in [""] + args.trial:
+                run = with_environment(trial, lambda: uform_run(
+                    depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism, args.in_flight,
+                    args.profile and (args.timeline or True)))
+                print(json.dumps(dict(run, trial=trial) if trial else run), flush=True)
+                if not trial:
+                    ours = run  # the ratio below is to the last run as it is
         if args.no_peer:
             continue
         for mode in ("eager", "compile"):
