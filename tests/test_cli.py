@@ -21,6 +21,7 @@ import safetensors.numpy
 
 import uform
 from uform import cli
+from uform.errors import PeerError
 from uform.logs import masked_crc32c
 
 CONFIG = """
@@ -1310,3 +1311,19 @@ def test_options_are_not_taken_by_an_abbreviation(capsys):
     printed = capsys.readouterr().err
     assert ended.value.code == 2 and "uform embed: error: unrecognized arguments: --colum doc" in printed
     assert printed.startswith("usage: uform embed ")  # the command's usage, not the top level's
+
+
+def test_a_mesh_that_never_meets_names_the_field_that_sets_the_wait(run, capsys):
+    config = run("alone", **{"[run]": "[mesh]\nhost_domain_count = 2\ntimeout_minutes = 0.02\n\n[run]"})
+    assert cli.main(["train", config]) == 1
+    assert re.search(r"uform train: mesh.timeout_minutes: host domain 1 of 2 never joined within 1.2 s under \S+mesh/train; "
+                     r"start every process", capsys.readouterr().err)
+
+
+def test_a_peer_silent_past_the_timeout_names_the_field_that_sets_it(monkeypatch, capsys):
+    def silent(*_):
+        raise PeerError("mesh: host domain 1 did not answer within the mesh's timeout while summing gradients")
+    monkeypatch.setattr(cli, "train", silent)
+    assert cli.main(["train", "run.toml", "--host-domain-index", "0"]) == 1
+    assert ("while summing gradients; mesh.timeout_minutes sets how long a process waits; start every process of the "
+            "run again (`uform train run.toml --host-domain-index I`)") in capsys.readouterr().err

@@ -840,9 +840,9 @@ def _joined(config: TrainConfig, executor: uform.Executor, index: int, stop: "_S
     except InvalidArgument as error:  # named as this command's config names the library's arguments
         message = re.sub(r"^(directory|job|timeout)\b", lambda m: f"mesh.{m.group(1)}", str(error))
         raise InvalidArgument(re.sub(r"^host_domain_index\b", "--host-domain-index", message)) from None
-    except PeerError:
-        if stop.signal is None:
-            raise
+    except PeerError as error:
+        if stop.signal is None:  # a wait past the library's `timeout` is one past this command's field
+            raise PeerError(re.sub(r"^timeout:", "mesh.timeout_minutes:", str(error))) from None
         raise _Stopped() from None
     finally:
         stop.meeting = False
@@ -1435,6 +1435,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (Error, OSError) as error:
         hint = (f"; start every process of the run again (`uform train {args.config} --host-domain-index I`) to "
                 "resume from its newest checkpoint") if isinstance(error, PeerError) and args.command == "train" else ""
+        if hint and "within the mesh's timeout" in str(error):
+            hint = "; mesh.timeout_minutes sets how long a process waits" + hint
         print(f"uform {args.command}: {error}{hint}", file=sys.stderr)
         return 1
 
