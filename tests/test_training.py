@@ -45,7 +45,7 @@ def test_loss_goes_down_and_retrieval_improves(tmp_path):
     (["--held-out", "1"], "uform-demo: error: --held-out: 1 is below 2"),
     (["--out", "/nonexistent-uform/demo.safetensors"], "uform-demo: error: --out: its folder /nonexistent-uform does not"),
     (["--pairs-per-step", "0"], "--pairs-per-step: 0 is below 1"),
-    (["--hidden", "100"], "uform-demo: config.hidden: 100 is not a multiple of"),
+    (["--hidden", "100"], "uform-demo: error: --hidden: 100 is not a multiple of 128"),
     (["--task", "images", "--held-out", "100000"], "uform-demo: --held-out: 100000 scenes asked"),
 ])
 def test_demo_refuses_what_it_cannot_do_in_one_line_before_training(tmp_path, capsys, options, said):
@@ -55,6 +55,8 @@ def test_demo_refuses_what_it_cannot_do_in_one_line_before_training(tmp_path, ca
     printed = capsys.readouterr()
     assert said in printed.err and "Traceback" not in printed.err, printed.err
     assert not (tmp_path / "demo.safetensors").exists()
+    if "error:" in said:  # an option refused as such: before any data is built
+        assert printed.out == "", printed.out
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):

@@ -271,6 +271,8 @@ def main(argv=None):
         least = 2 if name == "held_out" else 1  # recall among one held-out pair is 1 whatever the model
         if getattr(args, name) < least:
             parser.error(f"--{name.replace('_', '-')}: {getattr(args, name)} is below {least}")
+    if args.hidden % 128:  # refused now, as the trainer would refuse it once the data is built
+        parser.error(f"--hidden: {args.hidden} is not a multiple of 128")
     folder = os.path.dirname(os.path.abspath(args.out))
     if given_out and not os.path.isdir(folder):  # refused now, as `Trainer.save` would refuse it after training
         parser.error(f"--out: its folder {folder} does not exist")
