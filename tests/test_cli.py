@@ -892,6 +892,17 @@ def test_threads_on_a_gpu_are_said_to_apply_to_the_cpu_only(monkeypatch, capsys)
     assert capsys.readouterr().err == ""
 
 
+def test_more_threads_than_cores_are_taken_and_said_to_be_slower(capsys):
+    cores = len(os.sched_getaffinity(0))
+    executor, _ = cli.open_executor("cpu", cores + 1, ("--device", "--threads"))
+    with executor:
+        assert executor.kind == "ram"
+    assert capsys.readouterr().err == f"uform: --threads: {cores + 1} threads on the {cores} cores this process may " \
+                                      "use; more threads than cores make each step slower, not faster\n"
+    with cli.open_executor("cpu", cores)[0]:
+        assert capsys.readouterr().err == ""
+
+
 def test_sigint_before_train_takes_it_over_stops_in_one_line(run, tmp_path, monkeypatch, capsys):
     loaded = cli.load_config
 
