@@ -892,6 +892,15 @@ def test_threads_on_a_gpu_are_said_to_apply_to_the_cpu_only(monkeypatch, capsys)
     assert capsys.readouterr().err == ""
 
 
+def test_items_cut_to_a_row_are_said_once_and_counted_in_the_log(run, tmp_path, capsys):
+    assert cli.main(["train", run("cut", steps=3, **{"max_columns_per_row = 64": "max_columns_per_row = 16"})]) == 0
+    said = re.findall(r"uform: step \d+: \d+ items longer than a row \(trainer.batch.max_columns_per_row\) were cut",
+                      capsys.readouterr().err)
+    assert len(said) == 1
+    counted = [line["truncated_items"] for line in read_log(tmp_path / "runs" / "cut") if "truncated_items" in line]
+    assert len(counted) == 3 and all(counted)
+
+
 def test_more_threads_than_cores_are_taken_and_said_to_be_slower(capsys):
     cores = len(os.sched_getaffinity(0))
     executor, _ = cli.open_executor("cpu", cores + 1, ("--device", "--threads"))

@@ -924,9 +924,10 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
     # processes wait for every step, as they agree on each, and a CPU's step has run whole once begun.
     flight, landed_at = None, time.perf_counter()  # the step begun and not landed: (Deferred, data s, begun at, ended)
     overlaps = _steps_overlap(executor)
+    cut = False  # whether the run has said that items were cut to a row
 
     def land() -> None:
-        nonlocal flight, step, landed_at
+        nonlocal flight, step, landed_at, cut
         deferred, data_seconds, began, ended = flight
         flight = None
         stats = deferred.wait().stats
@@ -937,6 +938,11 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
         log.write(dict(step=step, **record, data_seconds=data_seconds, step_seconds=step_seconds),
                   {**scalars, "time/data_seconds": data_seconds, "time/step_seconds": step_seconds,
                    "tokens_per_second": stats.tokens / max(step_seconds, 1e-9)}, at=wall)
+        if stats.truncated_items and not cut:  # said once; the log counts them at every step
+            cut = True
+            bar.write(f"uform: step {step}: {stats.truncated_items} items longer than a row (trainer.batch."
+                      "max_columns_per_row) were cut to it; log.jsonl counts them at each step (truncated_items)",
+                      file=sys.stderr)
         bar.set_postfix(loss=f"{stats.loss:.3f}", data=f"{data_seconds / max(data_seconds + step_seconds, 1e-9):.0%}",
                         bad=bad, refresh=False)
         bar.update(step - bar.n)
