@@ -581,6 +581,11 @@ def test_an_unreadable_newest_checkpoint_is_refused_naming_the_one_before_it(run
         err = capsys.readouterr().err
         assert err.startswith(f"uform train: the run's newest checkpoint {damaged} is unreadable ({why}") and err.endswith(
             f"); move it out of {saved_in} to resume from {older}, the one before it\n"), err
+    junk.write_bytes(b"junk")  # the one before the newest unreadable too: the advice passes over it
+    assert cli.main(["train", config]) == 1
+    assert capsys.readouterr().err.endswith(f"; move it and the unreadable step-000000009.safetensors out of {saved_in} "
+                                            "to resume from step-000000006.safetensors\n")
+    junk.unlink()
     newest.rename(tmp_path / "moved.safetensors")
     assert cli.main(["train", config]) == 0
     assert steps_in(str(tmp_path / "runs" / "pairs")) == [9, 12]

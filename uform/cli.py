@@ -647,10 +647,19 @@ def _loader_reason(error: Error, path: str) -> str:
 
 
 def _without_newest(complete: List[Tuple[int, str]], saved_in: str) -> str:
-    """What moving the newest checkpoint out of `saved_in` leads to."""
-    if len(complete) < 2:
-        return f"move it out of {saved_in} to start the run over: no older checkpoint is there"
-    return f"move it out of {saved_in} to resume from {os.path.basename(complete[-2][1])}, the one before it"
+    """What moving the newest checkpoint out of `saved_in` leads to, with any unreadable ones just before it."""
+    older, unreadable = complete[:-1], []
+    while older:
+        try:
+            uform.checkpoint_note(older[-1][1])
+            break
+        except InvalidArgument:
+            unreadable.insert(0, os.path.basename(older.pop()[1]))
+    moved = f"it and the unreadable {', '.join(unreadable)}" if unreadable else "it"
+    if not older:
+        return f"move {moved} out of {saved_in} to start the run over: no older readable checkpoint is there"
+    before = "" if unreadable else ", the one before it"
+    return f"move {moved} out of {saved_in} to resume from {os.path.basename(older[-1][1])}{before}"
 
 
 def _train(config_path: str, index: int) -> int:
