@@ -554,14 +554,15 @@ def open_executor(device: str, threads: Optional[int], names: Tuple[str, str] = 
                 return executor, uform.Trainer.init_vram
         elif device == "gpu":
             raise Unsupported(f"{names[0]}: 'gpu', but this build or machine has no GPU (uform.capabilities() lacks 'vram')")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if isinstance(threads, int) and threads > cores:  # allowed, as the library allows it, but never faster
-        print(f"uform: {names[1]}: {threads} threads on the {cores} cores this process may use; more threads than "
-              "cores make each step slower, not faster", file=sys.stderr)
     try:
-        return uform.Executor.for_ram(threads=threads), uform.Trainer.init_ram
+        executor = uform.Executor.for_ram(threads=threads)
     except InvalidArgument as error:  # the library names its argument `threads`
         raise type(error)(re.sub(r"^threads: ", f"{names[1]}: ", str(error))) from None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if threads and threads > cores:  # allowed, as the library allows it, but never faster
+        print(f"uform: {names[1]}: {threads} threads on the {cores} cores this process may use; more threads than "
+              "cores make each step slower, not faster", file=sys.stderr)
+    return executor, uform.Trainer.init_ram
 
 
 class _Stop:
