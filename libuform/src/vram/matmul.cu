@@ -44,6 +44,7 @@ struct uform_vram_products_t {
     uform_hopper_encoder_t hopper = nullptr; /* the tensor-map encoder, where the library's Hopper kernels run */
     int tile_n = 128;                        /* their tiles' columns */
     bool direct = false;                     /* their results stored from registers */
+    bool whole = false;                      /* cuBLASLt's bf16 products never split over k */
 };
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
@@ -212,6 +213,12 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
                                                                       CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                       &workspace, sizeof(workspace)),
                                  "cublasLtMatmulPreferenceSetAttribute");
+    uint32_t unsplit = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (status == uform_status_success_k && !float_output && ((uform_vram_products_t*)context->matmuls)->whole)
+        status = uform_vram_blas(cublasLtMatmulPreferenceSetAttribute(preference,
+                                                                      CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                                      &unsplit, sizeof(unsplit)),
+                                 "cublasLtMatmulPreferenceSetAttribute (reduction)");
     if (status == uform_status_success_k) status = uform_vram_choose(context, shape, product, preference);
     if (preference) cublasLtMatmulPreferenceDestroy(preference);
     if (status != uform_status_success_k) {
@@ -275,6 +282,10 @@ uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
     /* UFORM_HOPPER_STORES=registers stores their results from registers rather than through shared memory. */
     char const* stores = getenv("UFORM_HOPPER_STORES");
     products->direct = stores && !strcmp(stores, "registers");
+    /* UFORM_BLAS_WHOLE=1 keeps cuBLASLt from splitting its bf16 products over k (where it zeroes a workspace
+       first: a memset and a launch more a product), to compare. */
+    char const* whole = getenv("UFORM_BLAS_WHOLE");
+    products->whole = whole && !strcmp(whole, "1");
     cublasLtHandle_t handle = nullptr;
     uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
     context->blas = handle;
