@@ -821,7 +821,7 @@ def test_errors_name_the_field_or_argument_at_fault(run, tmp_path, capsys):
              (["train", "nope.toml"], r"^uform train: CONFIG: nope.toml: no such file$"),
              (["train", str(tmp_path)], rf"^uform train: CONFIG: {re.escape(str(tmp_path))}: Is a directory$"),
              (["info", "nope.safetensors"], r"uform info: CHECKPOINT: nope.safetensors: No such file"),
-             (["embed", "nope.safetensors", "in.jsonl", "out.npy"], r"CHECKPOINT: nope.safetensors: no such file")]
+             (["embed", "nope.safetensors", "in.jsonl", "out.npy"], r"CHECKPOINT: nope.safetensors: No such file or directory")]
     for argv, message in cases:
         assert cli.main(argv) == 1
         assert re.search(message, capsys.readouterr().err), message
@@ -937,17 +937,40 @@ def test_embed_refuses_an_output_it_cannot_write_naming_it(tmp_path, capsys, mon
         trainer.save(checkpoint)
     source = tmp_path / "lines.jsonl"
     source.write_text('{"text": "a red panda"}\n{"text": "bamboo"}\n')
-    missing = tmp_path / "missing"
-    with monkeypatch.context() as patched:
-        patched.setattr(cli, "list_shards", None)  # a folder that is not there is found before the input is read
-        for output, why in ((missing / "x.npy", f"its folder {missing} does not exist"),
-                            (source / "x.npy", f"its folder {source} is no folder")):
-            assert cli.main(["embed", checkpoint, str(source), str(output)]) == 1
-            assert capsys.readouterr().err == f"uform embed: OUTPUT: {output}: {why}\n"
-    taken = tmp_path / "taken.npy"  # found only as it is written, after the embedding, and named as those are
+    missing, taken, read_only, same = (tmp_path / name for name in ("missing", "taken.npy", "read-only", "same.npy"))
     taken.mkdir()
-    assert cli.main(["embed", checkpoint, str(source), str(taken)]) == 1
-    assert capsys.readouterr().err == f"uform embed: OUTPUT: {taken}: Is a directory\n"
+    read_only.mkdir()
+    os.symlink(source, same)  # INPUT under another name
+    with monkeypatch.context() as patched:
+        patched.setattr(cli, "list_shards", None)  # each is found before the input is read
+        patched.setattr(os, "access", lambda path, mode: path != str(read_only))  # as for a user, not root
+        for output, why in ((missing / "x.npy", f": its folder {missing} does not exist"),
+                            (source / "x.npy", f": its folder {source} is no folder"),
+                            (taken, " is a folder; name a file in it"),
+                            (same, " is INPUT; the embeddings would replace the records"),
+                            (read_only / "x.npy", f": permission denied (to write {read_only})")):
+            assert cli.main(["embed", checkpoint, str(source), str(output)]) == 1
+            assert capsys.readouterr().err == f"uform embed: OUTPUT: {output}{why}\n"
+
+
+def test_embed_names_the_argument_at_fault_before_reading_a_record(tmp_path, capsys):
+    checkpoint = tmp_path / "tiny.safetensors"
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1), batch=dict(max_columns_per_row=64))) as trainer:
+        trainer.save(str(checkpoint))
+    source, cut = tmp_path / "lines.jsonl", tmp_path / "cut.safetensors"
+    source.write_text('{"text": "a red panda"}\n')
+    data = checkpoint.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for arguments, message in (([source, checkpoint], rf"CHECKPOINT: {source} claims a header of \d+ bytes"),
+                               ([tmp_path, source], f"CHECKPOINT: {tmp_path}: Is a directory"),
+                               ([cut, source], f"CHECKPOINT: {cut}: tensor .* runs past the end of the data"),
+                               ([checkpoint, pipe], f"INPUT: {pipe} is neither a file nor a folder \\(a pipe or a device\\)")):
+        assert cli.main(["embed", *map(str, arguments), str(tmp_path / "out.npy"), "--format", "jsonl"]) == 1
+        assert re.match(f"uform embed: {message}", capsys.readouterr().err), message
+    assert not (tmp_path / "out.npy").exists()
 
 
 def test_evaluation_columns_may_name_two_of_the_datas_columns_in_a_list(run, tmp_path, capsys):
@@ -994,6 +1017,10 @@ def test_embed_reads_a_tables_column_of_picture_paths_as_pictures(tmp_path, caps
     assert "'picture' holds image files" in capsys.readouterr().err
     guessed, told, paths = (np.load(tmp_path / f"{name}.npy") for name in ("guessed", "told", "paths"))
     assert np.array_equal(guessed, told) and not np.allclose(guessed, paths)
+    captions = tmp_path / "captions.jsonl"  # text that ends like a file name, and names no file, is text
+    captions.write_text(json.dumps(dict(caption="a photo saved as cat.png")) + "\n")
+    assert cli.main(["embed", checkpoint, str(captions), str(tmp_path / "captions.npy")]) == 0
+    assert "holds image files" not in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------- #

@@ -1203,14 +1203,14 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
         raise InvalidArgument(f"--chunk: {chunk} is not a positive integer (the items embedded per call)")
     if not output.endswith((".npy", ".parquet")):
         raise InvalidArgument(f"OUTPUT: {output!r} ends in neither .npy nor .parquet")
-    if not os.path.isfile(checkpoint):
-        raise InvalidArgument(f"CHECKPOINT: {checkpoint}: no such file")
+    if "config" not in read_header(checkpoint, "CHECKPOINT")[0]:  # a file named out of order is found now
+        raise InvalidArgument(f"CHECKPOINT: {checkpoint}: its __metadata__ holds no config; it is no uform checkpoint")
     if not os.path.exists(source):
         raise InvalidArgument(f"INPUT: {source}: no such file or folder")
-    folder = os.path.dirname(output)
-    if folder and not os.path.isdir(folder):  # found now, not after every record is embedded
-        why = "is no folder" if os.path.exists(folder) else "does not exist"
-        raise InvalidArgument(f"OUTPUT: {output}: its folder {folder} {why}")
+    if not (os.path.isfile(source) or os.path.isdir(source)):  # a pipe: its records would be gone after one read
+        raise InvalidArgument(f"INPUT: {source} is neither a file nor a folder (a pipe or a device); the records are "
+                              "read more than once, so save them to a file first")
+    _check_output(output, source)
 
     if column is None:
         shards = list_shards(normalize_dataset(dict(paths=[source], columns={"_": "text"}, format=layout)))
@@ -1226,7 +1226,7 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
     if not modality and kind == Modality.TEXT:  # a table's column of file paths holds media, not text
         first = next(iter(records(normalize_dataset(dict(paths=[source], columns={column: kind}, format=layout)))), None)
         value = first[1].get(column) if first and isinstance(first[1], dict) else None
-        if isinstance(value, str) and "." in value and "\n" not in value:
+        if isinstance(value, str) and "." in value and "\n" not in value and os.path.isfile(os.path.join(first[2], value)):
             kind = _column_modality(value.rsplit(".", 1)[1])
             if kind != Modality.TEXT:
                 print(f"uform embed: {column!r} holds {kind.value} files ({value!r}); embedding them "
@@ -1250,7 +1250,7 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
         pending.clear()
 
     import tqdm  # a count of the records embedded, where stderr is a terminal: their total is known only at the end
-    with executor, uform.Encoder.load(checkpoint, executor) as encoder, \
+    with executor, _load_encoder(checkpoint, executor) as encoder, \
             tqdm.tqdm(unit=" records", disable=None, dynamic_ncols=True) as bar:
         for location, values, folder in records(dataset):
             group = load_media(make_group(dataset, location, values, folder))  # refuses a bad record, naming it
@@ -1272,6 +1272,27 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
     return 0
 
 
+def _load_encoder(checkpoint: str, executor: uform.Executor) -> uform.Encoder:
+    try:
+        return uform.Encoder.load(checkpoint, executor)
+    except Error as error:  # the library names its argument `path`
+        raise type(error)(re.sub(r"^path: ", "CHECKPOINT: ", str(error))) from None
+
+
+def _check_output(output: str, source: str) -> None:
+    """Refuses, before any record is embedded, an OUTPUT that could not be written or would overwrite INPUT."""
+    folder = os.path.dirname(output) or "."
+    if not os.path.isdir(folder):
+        why = "is no folder" if os.path.exists(folder) else "does not exist"
+        raise InvalidArgument(f"OUTPUT: {output}: its folder {folder} {why}")
+    if os.path.isdir(output):
+        raise InvalidArgument(f"OUTPUT: {output} is a folder; name a file in it")
+    if os.path.exists(output) and os.path.samefile(output, source):
+        raise InvalidArgument(f"OUTPUT: {output} is INPUT; the embeddings would replace the records")
+    if not os.access(output if os.path.exists(output) else folder, os.W_OK):
+        raise InvalidArgument(f"OUTPUT: {output}: permission denied (to write {'it' if os.path.exists(output) else folder})")
+
+
 def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> None:
     try:
         import pyarrow
@@ -1280,7 +1301,8 @@ def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> N
         raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install pyarrow") from None
     values = pyarrow.array(embeddings.reshape(-1))
     column = pyarrow.FixedSizeListArray.from_arrays(values, embeddings.shape[1])
-    pyarrow.parquet.write_table(pyarrow.table({"location": locations, "embedding": column}), path)
+    pyarrow.parquet.write_table(pyarrow.table({"location": pyarrow.array(locations, pyarrow.string()),
+                                               "embedding": column}), path)
 
 
 # ---------------------------------------------------------------------------------------------- #
