@@ -20,6 +20,7 @@ import csv
 import itertools
 import json
 import os
+import sys
 import tarfile
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -112,12 +113,19 @@ def read_jsonl(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) ->
             yield f"line {number}", values if isinstance(values, dict) else None
 
 
+def _csv_rows(file: Any) -> Any:
+    """A CSV reader whose fields may be as long as a JSONL line's values: the module's default limit of 128 KiB
+    would end a shard at its first long text (the limit is the process's; raising it harms no other reader)."""
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    return csv.reader(file)
+
+
 def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """A header row names the columns; every later row is a record (quoted fields may span lines, and
     is named by the line it begins on); blank lines are no records, as `csv.DictReader` has it. A
     byte-order mark opening the file is skipped (`utf-8-sig`), as for JSONL."""
     with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as file:
-        rows, number, line = csv.reader(file), 0, 1
+        rows, number, line = _csv_rows(file), 0, 1
         try:
             header = next(rows, None)
             while header is not None:
@@ -130,7 +138,7 @@ def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> I
                 if number >= start:  # a short row lacks the fields past its end; a long row's extra ones are dropped
                     yield f"line {line}", dict(zip(header, row))
                 number += 1
-        except csv.Error as error:  # a NUL byte, a field over the module's limit: the reader cannot go on
+        except csv.Error as error:  # a field over even the raised limit; a NUL byte before Python 3.11
             yield _broken(f"line {line}", error)  # where the row it could not read begins
 
 
@@ -181,7 +189,7 @@ def _pyarrow_parquet():
 
 def csv_columns(path: str) -> List[str]:
     with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as file:
-        return next(csv.reader(file), [])
+        return next(_csv_rows(file), [])
 
 
 # ---------------------------------------------------------------------------------------------- #
