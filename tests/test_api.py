@@ -811,6 +811,26 @@ def test_encoder_embeds_as_the_trainer_scores(cpu, tmp_path):
         uform.Encoder.load(tmp_path / "missing.safetensors", cpu)
 
 
+def test_an_exception_in_a_with_block_is_not_hidden_by_a_refusal_to_free(tmp_path):
+    path = tmp_path / "tiny.safetensors"
+    with uform.Executor.for_ram(threads=1) as cpu, Trainer.init_ram(cpu, tiny_config()) as trainer:
+        trainer.save(path)
+    with pytest.raises(ValueError, match="^the block's own") as raised:
+        with uform.Executor.for_ram(threads=1) as cpu:
+            encoder = uform.Encoder.load(path, cpu)  # left alive: the executor cannot be freed
+            raise ValueError("the block's own")
+    if sys.version_info >= (3, 11):
+        assert raised.value.__notes__ == ["uform: executor: borrowed by a live encoder; free those first; left to the "
+                                          "garbage collector"]
+    assert cpu.alive
+    encoder.free()
+    cpu.free()
+    with pytest.raises(uform.Busy, match=r"^executor: borrowed by a live encoder"):  # a block that ends well: refused
+        with uform.Executor.for_ram(threads=1) as cpu:
+            encoder = uform.Encoder.load(path, cpu)
+    encoder.free()
+
+
 def test_dir_offers_the_public_names_not_the_helpers_the_package_imports():
     names = dir(uform)
     assert set(uform.__all__) <= set(names) and {"data", "torch"} <= set(names)

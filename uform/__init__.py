@@ -252,8 +252,16 @@ class _Native:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exception: Any) -> None:
-        self.free()
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        try:
+            self.free()
+        except Busy as busy:
+            if error is None:
+                raise
+            # The block's own exception says what went wrong; a refusal to free would take its place. What still
+            # borrows this one holds it until both are collected.
+            if hasattr(error, "add_note"):  # Python 3.11 on
+                error.add_note(f"uform: {busy}; left to the garbage collector")
 
 
 class _OnExecutor(_Native):
