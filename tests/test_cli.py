@@ -953,6 +953,40 @@ def test_embed_refuses_an_output_it_cannot_write_naming_it(tmp_path, capsys, mon
             assert capsys.readouterr().err == f"uform embed: OUTPUT: {output}{why}\n"
 
 
+def test_sigterm_during_embed_says_so_and_leaves_the_output_as_it_was(tmp_path, capsys, monkeypatch):
+    checkpoint = tmp_path / "tiny.safetensors"
+    with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(
+            depth=1, hidden=128, objective="joint", schedule=dict(steps=1), batch=dict(max_columns_per_row=64))) as trainer:
+        trainer.save(str(checkpoint))
+    source, output = tmp_path / "lines.jsonl", tmp_path / "out.npy"
+    source.write_text("".join(json.dumps(dict(text=f"line {i}")) + "\n" for i in range(10)))
+    output.write_bytes(b"an earlier run's")
+    loaded = cli.load_media
+
+    def terminated_at_the_fifth(group):
+        if group.items[0][1] == "line 4":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loaded(group)
+
+    monkeypatch.setattr(cli, "load_media", terminated_at_the_fifth)
+    assert cli.main(["embed", str(checkpoint), str(source), str(output), "--chunk", "2"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "uform: stopped by SIGTERM\n"
+    assert output.read_bytes() == b"an earlier run's"
+    assert sorted(os.listdir(tmp_path)) == ["lines.jsonl", "out.npy", "tiny.safetensors"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # as it was before the command
+
+    def full(file, array):
+        file.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "load_media", loaded)
+    monkeypatch.setattr(np, "save", full)
+    assert cli.main(["embed", str(checkpoint), str(source), str(output)]) == 1
+    assert capsys.readouterr().err.endswith(f"uform embed: OUTPUT: {output}: No space left on device\n")
+    assert output.read_bytes() == b"an earlier run's"  # nor any part of the write left beside it
+    assert sorted(os.listdir(tmp_path)) == ["lines.jsonl", "out.npy", "tiny.safetensors"]
+
+
 def test_embed_names_the_argument_at_fault_before_reading_a_record(tmp_path, capsys):
     checkpoint = tmp_path / "tiny.safetensors"
     with uform.Executor.for_ram(threads=1) as cpu, uform.Trainer.init_ram(cpu, dict(

@@ -26,6 +26,7 @@ import re
 import signal
 import struct
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -1261,13 +1262,20 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
             flush(encoder)
         width = encoder.hidden
     embeddings = np.concatenate(chunks) if chunks else np.zeros((0, width), np.float32)
+    # Written beside OUTPUT, then renamed over it: a signal or a full disk meanwhile leaves OUTPUT as it was.
+    partial = os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.partial")
     try:
-        if output.endswith(".npy"):
-            np.save(output, embeddings)
-        else:
-            _write_parquet(output, locations, embeddings)
+        with open(partial, "wb") as file:
+            if output.endswith(".npy"):
+                np.save(file, embeddings)
+            else:
+                _write_parquet(file, locations, embeddings)
+        os.replace(partial, output)
     except OSError as error:
         raise InvalidArgument(f"OUTPUT: {output}: {error.strerror or error}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
     print(f"uform: {len(embeddings)} embeddings of {width} {scalar.value} into {output}")
     return 0
 
@@ -1291,18 +1299,25 @@ def _check_output(output: str, source: str) -> None:
         raise InvalidArgument(f"OUTPUT: {output} is INPUT; the embeddings would replace the records")
     if not os.access(output if os.path.exists(output) else folder, os.W_OK):
         raise InvalidArgument(f"OUTPUT: {output}: permission denied (to write {'it' if os.path.exists(output) else folder})")
+    if output.endswith(".parquet"):
+        _pyarrow_parquet()
 
 
-def _write_parquet(path: str, locations: List[str], embeddings: np.ndarray) -> None:
+def _pyarrow_parquet() -> Any:
     try:
-        import pyarrow
         import pyarrow.parquet
     except ImportError:
         raise InvalidArgument("OUTPUT: writing Parquet needs pyarrow: pip install pyarrow") from None
+    return pyarrow.parquet
+
+
+def _write_parquet(file: Any, locations: List[str], embeddings: np.ndarray) -> None:
+    parquet = _pyarrow_parquet()
+    pyarrow = sys.modules["pyarrow"]
     values = pyarrow.array(embeddings.reshape(-1))
     column = pyarrow.FixedSizeListArray.from_arrays(values, embeddings.shape[1])
-    pyarrow.parquet.write_table(pyarrow.table({"location": pyarrow.array(locations, pyarrow.string()),
-                                               "embedding": column}), path)
+    parquet.write_table(pyarrow.table({"location": pyarrow.array(locations, pyarrow.string()), "embedding": column}),
+                        file)
 
 
 # ---------------------------------------------------------------------------------------------- #
@@ -1460,6 +1475,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser, with its usage, not the top level's
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+    terminated = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
     try:
         if args.command == "train":
             return train(args.config, _host_domain_index(args.host_domain_index))
@@ -1467,10 +1484,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return embed(args.checkpoint, args.input, args.output, args.column, args.modality, args.format, args.scalar,
                          args.device, args.threads, args.chunk)
         return info(args.checkpoint, args.json)
-    except KeyboardInterrupt:  # SIGINT before `uform train` installs its own handler, or during another command
+    except (KeyboardInterrupt, _Terminated) as stopped:  # before `uform train` handles signals, or in another command
+        number = signal.SIGTERM if isinstance(stopped, _Terminated) else signal.SIGINT
         then = " before training began; nothing saved" if args.command == "train" else ""
-        print(f"uform: stopped by SIGINT{then}", file=sys.stderr)
-        return 128 + signal.SIGINT
+        print(f"uform: stopped by {number.name}{then}", file=sys.stderr)
+        return 128 + number
     except BrokenPipeError:  # a reader that stopped early (`uform info ... | head`) is no failure
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
         return 0
@@ -1481,6 +1499,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hint = "; mesh.timeout_minutes sets how long a process waits" + hint
         print(f"uform {args.command}: {error}{hint}", file=sys.stderr)
         return 1
+    finally:
+        if on_main:  # None: a handler installed from outside Python, which the default stands for
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if terminated is None else terminated)
+
+
+class _Terminated(BaseException):
+    """SIGTERM where no handler of the command's own takes it, raised as KeyboardInterrupt is for SIGINT."""
+
+
+def _raise_terminated(number: int, frame: Any) -> None:
+    raise _Terminated()
 
 
 if __name__ == "__main__":
