@@ -855,7 +855,8 @@ static uform_status_t uform_config_read(uform_header_t const* header, uform_trai
     for (size_t i = 0; i != uform_fields_count_k; ++i)
         if ((uform_fields[i].checkpoint & uform_field_needed_k) &&
             !*(uint32_t const*)((char const*)recorded + uform_fields[i].offset))
-            return UFORM_BAD("%s: %s lacks config.%s in its metadata", what, path, uform_fields[i].name);
+            return UFORM_BAD("%s: %s has no config.%s in its metadata, or 0, where a model needs one", what, path,
+                             uform_fields[i].name);
     return uform_status_success_k;
 }
 

@@ -167,6 +167,18 @@ static uform_status_t uform_encoder_chunks(uform_encoder_s* encoder, uform_encod
     return status;
 }
 
+/* Refuses a tape meant to hold one entry per item of `count`, naming its field `name`; `none_may_be_null`: an empty
+   tape may have no offsets, as an empty array's pointer may be NULL. */
+static uform_status_t uform_tape_per_item(uform_tape_t const* tape, size_t count, int none_may_be_null,
+                                          char const* name, char const** error) {
+    if (tape->count != count)
+        return uform_fail(error, uform_status_invalid_argument_k, "%s.count: %zu, expected %zu, one entry per item", name,
+                          tape->count, count);
+    if (!tape->offsets && (count || !none_may_be_null))
+        return uform_fail(error, uform_status_invalid_argument_k, "%s.offsets: NULL", name);
+    return uform_status_success_k;
+}
+
 uform_status_t uform_encoder_embed(uform_encoder_t handle, uform_encoder_embed_t* embed, char const** error) {
     if (!embed) return uform_fail(error, uform_status_invalid_argument_k, "embed: NULL");
     if ((unsigned)embed->embeddings_scalar > uform_scalar_i8_k)
@@ -175,9 +187,10 @@ uform_status_t uform_encoder_embed(uform_encoder_t handle, uform_encoder_embed_t
     /* No items embed into nothing: their arrays may be NULL, as an empty array's pointer may be. */
     if (embed->count && !embed->embeddings)
         return uform_fail(error, uform_status_invalid_argument_k, "embed.embeddings: NULL");
-    if ((embed->count && (!embed->modalities || !embed->contents.offsets)) || embed->contents.count != embed->count)
-        return uform_fail(error, uform_status_invalid_argument_k,
-                          "embed: needs %zu modalities and a tape of as many contents", embed->count);
+    if (embed->count && !embed->modalities)
+        return uform_fail(error, uform_status_invalid_argument_k, "embed.modalities: NULL where embed.count is %zu",
+                          embed->count);
+    UFORM_TRY(uform_tape_per_item(&embed->contents, embed->count, 1, "embed.contents", error));
     void* encoder;
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
@@ -229,10 +242,8 @@ static uform_status_t uform_encoder_choices(uform_encoder_s* encoder, uform_enco
 uform_status_t uform_encoder_choose(uform_encoder_t handle, uform_encoder_choose_t* choose, char const** error) {
     if (!choose) return uform_fail(error, uform_status_invalid_argument_k, "choose: NULL");
     if (!choose->probabilities) return uform_fail(error, uform_status_invalid_argument_k, "choose.probabilities: NULL");
-    if (!choose->texts.offsets || choose->texts.count != choose->count || !choose->choices.offsets ||
-        choose->choices.count != choose->count)
-        return uform_fail(error, uform_status_invalid_argument_k,
-                          "choose: needs a tape of %zu texts and a tape of as many choices", choose->count);
+    UFORM_TRY(uform_tape_per_item(&choose->texts, choose->count, 0, "choose.texts", error));
+    UFORM_TRY(uform_tape_per_item(&choose->choices, choose->count, 0, "choose.choices", error));
     void* encoder;
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
@@ -338,9 +349,8 @@ static uform_status_t uform_encoder_tokens(uform_encoder_s* encoder, uform_encod
 uform_status_t uform_encoder_embed_tokens(uform_encoder_t handle, uform_encoder_tokens_t* tokens, char const** error) {
     if (!tokens) return uform_fail(error, uform_status_invalid_argument_k, "tokens: NULL");
     if (!tokens->offsets) return uform_fail(error, uform_status_invalid_argument_k, "tokens.offsets: NULL");
-    if (!tokens->modalities || !tokens->contents.offsets || tokens->contents.count != tokens->count)
-        return uform_fail(error, uform_status_invalid_argument_k,
-                          "tokens: needs %zu modalities and a tape of as many contents", tokens->count);
+    if (!tokens->modalities) return uform_fail(error, uform_status_invalid_argument_k, "tokens.modalities: NULL");
+    UFORM_TRY(uform_tape_per_item(&tokens->contents, tokens->count, 0, "tokens.contents", error));
     void* encoder;
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;

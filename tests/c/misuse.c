@@ -421,6 +421,16 @@ int main(int argc, char** argv) {
     REFUSED(uform_trainer_step(NULL, &step, &error), uform_status_invalid_handle_k, "trainer: NULL");
     REFUSED(uform_trainer_save(NULL, path, &error), uform_status_invalid_handle_k, "trainer: NULL");
     REFUSED(uform_encoder_embed(NULL, &embed, &error), uform_status_invalid_handle_k, "encoder: NULL");
+    /* A request's arrays and tapes are checked before its handle, each by its name. */
+    uform_encoder_embed_t bad = embed;
+    bad.modalities = NULL;
+    REFUSED(uform_encoder_embed(NULL, &bad, &error), uform_status_invalid_argument_k,
+            "embed.modalities: NULL where embed.count is 1");
+    bad = embed, bad.contents.offsets = NULL;
+    REFUSED(uform_encoder_embed(NULL, &bad, &error), uform_status_invalid_argument_k, "embed.contents.offsets: NULL");
+    bad = embed, bad.contents.count = 2;
+    REFUSED(uform_encoder_embed(NULL, &bad, &error), uform_status_invalid_argument_k,
+            "embed.contents.count: 2, expected 1, one entry per item");
     REFUSED(uform_trainer_init_ram(NULL, &config, NULL, &trainer, &error), uform_status_invalid_handle_k,
             "executor: NULL");
     CHECK(trainer == NULL);
