@@ -1375,7 +1375,8 @@ def info(path: str, as_json: bool) -> int:
         described = describe(path)
     except (Error, OSError) as refused:  # no header to describe: `--json` still answers with the verdict
         if as_json:
-            print(json.dumps(dict(path=path, valid=False, error=str(refused)), indent=1))
+            error = re.sub(r"^CHECKPOINT: ", "", str(refused))  # as the loader's verdict below reads: `path` names it
+            print(json.dumps(dict(path=path, valid=False, error=error), indent=1))
         raise
     error = loader_verdict(path)
     described["valid"] = error is None
