@@ -441,7 +441,7 @@ def test_sigterm_mid_run_saves_and_the_resumed_run_ends_where_an_unbroken_one_do
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
 
 
-def test_a_signal_during_the_final_evaluation_ends_the_run_as_a_signal_does(run, tmp_path, monkeypatch, capsys):
+def test_a_signal_during_the_final_evaluation_ends_the_run_as_a_signal_does(run, tmp_path, monkeypatch, capfd):
     """The evaluation runs to its end (it cannot be left half done), then the run exits as signals make it exit,
     saying that nothing is left to do."""
     evaluate = cli._evaluate
@@ -454,8 +454,10 @@ def test_a_signal_during_the_final_evaluation_ends_the_run_as_a_signal_does(run,
     monkeypatch.setattr(cli, "_evaluate", signalled)
     config, folder = run(), str(tmp_path / "runs" / "pairs")
     assert cli.main(["train", config]) == 128 + signal.SIGTERM
+    err = capfd.readouterr().err
+    assert "uform: SIGTERM: stopping after the final evaluation, of step 9, under way; a second signal" in err
     assert (f"uform: stopped by SIGTERM during the final evaluation of step 9, which ended first; the run is complete, "
-            f"checkpoints in {folder}/checkpoints\n") in capsys.readouterr().err
+            f"checkpoints in {folder}/checkpoints\n") in err
     log = read_log(folder)
     assert [line["step"] for line in log if "evaluation" in line] == [4, 8, 9]
     assert [(line["step"], line["stopped"]) for line in log if "stopped" in line] == [(9, "SIGTERM")]

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -575,6 +575,7 @@ class _Stop:
     def __init__(self) -> None:
         self.signal: Optional[int] = None
         self.meeting = False
+        self.finishing = "the step in flight"  # what the first signal lets end before the run stops
         self._previous = {number: signal.signal(number, self._ask) for number in (signal.SIGINT, signal.SIGTERM)}
 
     def _ask(self, number: int, frame: Any) -> None:
@@ -583,10 +584,19 @@ class _Stop:
             signal.signal(either, signal.SIG_DFL)
         # Written to the descriptor: the handler may run while this thread is inside a write to sys.stderr.
         # On a terminal, on a line of its own: the progress bar's line has no end yet.
-        os.write(2, (("\n" if os.isatty(2) else "") + f"uform: {signal.Signals(number).name}: stopping after the step "
-                     "in flight; a second signal stops at once, without saving what the first would\n").encode())
+        os.write(2, (("\n" if os.isatty(2) else "") + f"uform: {signal.Signals(number).name}: stopping after "
+                     f"{self.finishing}; a second signal stops at once, without saving what the first would\n").encode())
         if self.meeting:
             uform.Mesh.abandon()
+
+    @contextlib.contextmanager
+    def during(self, what: str) -> Iterator[None]:
+        """Says, to a signal meanwhile, that the run stops once `what` has ended."""
+        before, self.finishing = self.finishing, what
+        try:
+            yield
+        finally:
+            self.finishing = before
 
     def restore(self) -> None:
         for number, handler in self._previous.items():
@@ -1005,7 +1015,8 @@ def _train_loop(config, trainer, executor, stream, held_out, step, steps, resume
                 saved_step, saved_time = step, time.monotonic()
             if evaluating(step):
                 bar.set_description_str("evaluating")  # the bar stands still meanwhile: said so
-                _evaluate(trainer, executor, config, held_out, log, step, mesh)
+                with stop.during(f"the evaluation of step {step}, under way"):
+                    _evaluate(trainer, executor, config, held_out, log, step, mesh)
                 bar.set_description_str("")
                 evaluated_step = step
         if flight is not None:
@@ -1133,7 +1144,8 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
         print(f"uform: stopped by {name} {at}; {then}", file=sys.stderr)
         return 128 + stop.signal
     if held_out and evaluated_step != step:
-        _evaluate(trainer, executor, config, held_out, log, step, mesh)
+        with stop.during(f"the final evaluation, of step {step}, under way"):
+            _evaluate(trainer, executor, config, held_out, log, step, mesh)
         if stop.signal is not None:  # it came during the final evaluation, which ran to its end
             name = signal.Signals(stop.signal).name
             log.write(dict(step=step, stopped=name))
