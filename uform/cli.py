@@ -1325,7 +1325,7 @@ def _pyarrow_parquet() -> Any:
 
 def _write_parquet(file: Any, locations: List[str], embeddings: np.ndarray) -> None:
     parquet = _pyarrow_parquet()
-    pyarrow = sys.modules["pyarrow"]
+    import pyarrow  # there, as the line above found
     values = pyarrow.array(embeddings.reshape(-1))
     column = pyarrow.FixedSizeListArray.from_arrays(values, embeddings.shape[1])
     parquet.write_table(pyarrow.table({"location": pyarrow.array(locations, pyarrow.string()), "embedding": column}),
