@@ -414,6 +414,23 @@ def test_packing_fills_a_devices_rows_as_the_library_packs_them(shards):
         assert [len(step.locations) for step in take(stream, 3)] == [1, 1, 1]
 
 
+def test_a_record_too_big_for_a_step_leaves_the_batches_around_it_whole(tmp_path):
+    """The batch before such a record is handed out whole; the record is bad; the next batch starts after it,
+    holds nothing twice and keeps max_groups_per_step, and a stream resumed between them reads the same."""
+    rows = [dict(pairs(1, i)[0], hard=[]) for i in range(10)]
+    rows[3]["hard"] = [f"a long hard negative, number {n}, well over half a row" for n in range(20)]
+    dataset = dict(paths=[write_jsonl(tmp_path / "big.jsonl", rows)], columns=PAIRS, negatives=dict(hard="text"),
+                   shuffle_buffer=0, max_groups_per_step=3)
+    config = dict(CONFIG, batch=dict(max_rows_per_device=8, max_columns_per_row=64))
+    with Stream(dataset, config) as stream:
+        steps = [next(stream) for _ in range(3)]
+    lines = [[int(location.rsplit(" ", 1)[1]) for location in step.locations] for step in steps]
+    assert lines == [[1, 2, 3], [5, 6, 7], [8, 9, 10]]
+    assert [len(step.bad_records) for step in steps] == [0, 1, 0] and "line 4: its 22 items" in steps[1].bad_records[0]
+    with Stream(dataset, config, cursor=steps[0].cursor) as resumed:
+        assert [step.locations for step in (next(resumed), next(resumed))] == [steps[1].locations, steps[2].locations]
+
+
 def test_a_resumed_stream_continues_exactly_mid_epoch_and_across_epochs(shards):
     with stream_of(shards) as whole:
         expected = take(whole, 30)

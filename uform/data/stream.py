@@ -300,7 +300,7 @@ class Stream:
                     continue
                 if groups:
                     yield groups, bad, position
-                    bad = []
+                    groups, bad = [], []  # handed out: a record too big for any batch must not reopen them
                 capacity.clear()
                 if not capacity.add(group, lengths):
                     raise BadRecord(f"{location}: its {len(lengths)} items do not fit one device's step "
