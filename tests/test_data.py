@@ -414,6 +414,23 @@ def test_packing_fills_a_devices_rows_as_the_library_packs_them(shards):
         assert [len(step.locations) for step in take(stream, 3)] == [1, 1, 1]
 
 
+def test_a_csv_quote_never_closed_ends_the_shard_saying_so(tmp_path):
+    """The csv module reads every line after a stray quote into one field, silently; the shard breaks off there,
+    named, so the records read into it are not lost unsaid. A field that spans lines and closes is a record."""
+    path = tmp_path / "stray.csv"
+    path.write_text('question,answer\nq0,a0\n"q1 opens a quote,a1\n' + "".join(f"q{i},a{i}\n" for i in range(2, 50)))
+    big = dict(CONFIG, batch=dict(max_rows_per_device=64, max_columns_per_row=64))
+    with Stream(dict(paths=[str(path)], columns=PAIRS, shuffle_buffer=0), big) as stream:
+        step = next(stream)
+    assert step.locations == [f"{path}:line 2"]
+    (bad,) = step.bad_records
+    assert bad.startswith(f"{path}:line 3: the shard breaks off here (a quote opened in this record is never closed, "
+                          "so the file's last 49 lines were read into it)"), bad
+    path.write_text('question,answer\n"q0 spans\ntwo lines",a0\nq1,"a1 too\n"\n')
+    assert [values for _, values, _ in records(dict(paths=[str(path)], columns=PAIRS))] == [
+        dict(question="q0 spans\ntwo lines", answer="a0"), dict(question="q1", answer="a1 too\n")]
+
+
 def test_a_record_too_big_for_a_step_leaves_the_batches_around_it_whole(tmp_path):
     """The batch before such a record is handed out whole; the record is bad; the next batch starts after it,
     holds nothing twice and keeps max_groups_per_step, and a stream resumed between them reads the same."""

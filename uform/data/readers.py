@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import io
 import itertools
 import json
 import os
@@ -120,26 +121,63 @@ def _csv_rows(file: Any) -> Any:
     return csv.reader(file)
 
 
+class _Lines:
+    """A file's lines as a csv reader takes them, keeping those of the row it reads (`taken`)."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.taken = file, []
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.file)
+        self.taken.append(line)
+        return line
+
+
+def _never_closed(lines: List[str]) -> bool:
+    """Whether a row's lines end inside a quoted field: a quote left open reads every line after it into the
+    field, which the csv module, not strict, answers without a word at the file's end."""
+    try:
+        next(csv.reader(io.StringIO("".join(lines)), strict=True), None)
+    except csv.Error as error:
+        return "unexpected end of data" in str(error)
+    return False
+
+
 def read_csv(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
     """A header row names the columns; every later row is a record (quoted fields may span lines, and
     is named by the line it begins on); blank lines are no records, as `csv.DictReader` has it. A
-    byte-order mark opening the file is skipped (`utf-8-sig`), as for JSONL."""
+    byte-order mark opening the file is skipped (`utf-8-sig`), as for JSONL. A quote never closed
+    takes the rest of the file into its record: that record is the shard breaking off, so the records
+    read into it are not lost silently (each row is held until the next is read, to tell)."""
     with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as file:
-        rows, number, line = _csv_rows(file), 0, 1
+        lines = _Lines(file)
+        rows, number, line, held = _csv_rows(lines), 0, 1, None
         try:
             header = next(rows, None)
             while header is not None:
                 line = rows.line_num + 1  # where the next row begins
+                lines.taken = []
                 row = next(rows, None)
                 if row is None:
-                    return
+                    break
                 if not row:
                     continue
+                if held is not None:
+                    yield held
+                    held = None
                 if number >= start:  # a short row lacks the fields past its end; a long row's extra ones are dropped
-                    yield f"line {line}", dict(zip(header, row))
+                    held, held_lines = (f"line {line}", dict(zip(header, row))), lines.taken
                 number += 1
+            if held is not None and _never_closed(held_lines):
+                held = _broken(held[0], f"a quote opened in this record is never closed, so the file's last "
+                                        f"{len(held_lines)} lines were read into it")
         except csv.Error as error:  # a field over even the raised limit; a NUL byte before Python 3.11
-            yield _broken(f"line {line}", error)  # where the row it could not read begins
+            held = _broken(f"line {line}", error)  # where the row it could not read begins
+        if held is not None:
+            yield held
 
 
 def read_parquet(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
