@@ -899,13 +899,27 @@ def test_threads_on_a_gpu_are_said_to_apply_to_the_cpu_only(monkeypatch, capsys)
     assert capsys.readouterr().err == ""
 
 
+def test_retrieval_scores_targets_it_cannot_tell_apart_as_chance():
+    units = np.eye(4, dtype=np.float32)
+    assert cli.retrieval(units, units) == {"recall@1": 1.0, "recall@10": 1.0, "mrr": 1.0}
+    alike = np.full((5, 3), 3 ** -0.5, np.float32)  # five items the model embeds alike
+    alike[1:] += np.float32(1e-8)  # as rounding tells them apart: still a tie
+    scored = cli.retrieval(alike, alike)
+    assert scored["recall@1"] == pytest.approx(0.2) and scored["recall@10"] == 1.0
+    assert scored["mrr"] == pytest.approx(np.mean(1 / np.arange(1, 6)))
+    mixed = np.concatenate([units, np.zeros((4, 4), np.float32)], 1)
+    mixed = np.concatenate([mixed, np.tile(np.eye(8, dtype=np.float32)[4:5], (2, 1))])  # two alike beside four apart
+    assert cli.retrieval(mixed, mixed)["recall@1"] == pytest.approx((4 + 0.5 + 0.5) / 6)
+
+
 def test_items_cut_to_a_row_are_said_once_and_counted_in_the_log(run, tmp_path, capsys):
-    assert cli.main(["train", run("cut", steps=3, **{"max_columns_per_row = 64": "max_columns_per_row = 16"})]) == 0
-    said = re.findall(r"uform: step \d+: \d+ items longer than a row \(trainer.batch.max_columns_per_row\) were cut",
-                      capsys.readouterr().err)
+    assert cli.main(["train", run("cut", steps=9, **{"max_columns_per_row = 64": "max_columns_per_row = 16"})]) == 0
+    err = capsys.readouterr().err
+    said = re.findall(r"uform: step \d+: \d+ items longer than a row \(trainer.batch.max_columns_per_row\) were cut", err)
     assert len(said) == 1
+    assert len(re.findall(r"uform: evaluation: \d+ held-out items are longer than a row and were cut to it", err)) == 1
     counted = [line["truncated_items"] for line in read_log(tmp_path / "runs" / "cut") if "truncated_items" in line]
-    assert len(counted) == 3 and all(counted)
+    assert len(counted) == 9 and all(counted)  # evaluated at steps 4, 8 and 9, said once
 
 
 def test_more_threads_than_cores_are_taken_and_said_to_be_slower(capsys):

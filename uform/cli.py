@@ -430,6 +430,7 @@ class HeldOut:
     targets: List[Any]
     bad_records: List[str]
     locations: List[str] = field(default_factory=list)
+    said_cut: bool = False  # whether the run has said that items were cut to a row
 
     def drop(self, record: int) -> None:
         del self.queries[record], self.targets[record], self.locations[record]
@@ -460,13 +461,23 @@ def read_held_out(evaluation: Evaluation) -> HeldOut:
     return HeldOut(names, tuple(dataset.columns.values()), queries, targets, bad, locations)
 
 
+TIE = 1e-6  # scores this close to a query's own target's tie with it: alike items differ by rounding alone
+
+
 def retrieval(queries: np.ndarray, targets: np.ndarray) -> Dict[str, float]:
-    """Recall@1, recall@10 and the mean reciprocal rank of each query's own target among all targets."""
+    """Recall@1, recall@10 and the mean reciprocal rank of each query's own target among all targets, expected
+    over the orders of the targets that tie with it (within `TIE`): a model that cannot tell n items apart
+    scores as chance does among them, never as if it could."""
     scores = queries @ targets.T
     own = np.diagonal(scores)[:, None]
-    ranks = (scores > own).sum(axis=1)  # ties count in the query's favour
-    return {"recall@1": float((ranks < 1).mean()), "recall@10": float((ranks < 10).mean()),
-            "mrr": float((1.0 / (ranks + 1)).mean())}
+    above = (scores > own + TIE).sum(axis=1)
+    tied = (np.abs(scores - own) <= TIE).sum(axis=1)  # itself included: its rank is any of above .. above + tied - 1
+
+    def recall(k: int) -> float:
+        return float(np.clip((k - above) / tied, 0.0, 1.0).mean())
+
+    reciprocal = [np.mean(1.0 / np.arange(a + 1, a + t + 1)) for a, t in zip(above, tied)]
+    return {"recall@1": recall(1), "recall@10": recall(10), "mrr": float(np.mean(reciprocal))}
 
 
 def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held_out: HeldOut,
@@ -490,6 +501,11 @@ def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held
                 queries = encoder.embed([held_out.modalities[0]] * len(kept), [held_out.queries[r] for r in kept])
                 side = 1
                 targets = encoder.embed([held_out.modalities[1]] * len(kept), [held_out.targets[r] for r in kept])
+                cut = queries.truncated_items + targets.truncated_items
+                if cut and not held_out.said_cut:  # once a run: the log's steps count the training data's
+                    held_out.said_cut = True
+                    print(f"uform: evaluation: {cut} held-out items are longer than a row and were cut to it; items "
+                          "cut to one text tie, and score as chance among them", file=sys.stderr)
                 queries, targets = queries.to_float32(), targets.to_float32()
                 break
             except InvalidArgument as error:
