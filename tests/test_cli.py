@@ -772,6 +772,29 @@ def test_an_image_the_library_cannot_decode_is_one_bad_record_named_by_its_locat
     assert re.search(rf"uform train: {re.escape(photos)}:p03: 'jpg;png;webp': not a readable PNG", capsys.readouterr().err)
 
 
+def test_an_item_in_a_format_this_build_does_not_decode_is_a_bad_record(tmp_path, monkeypatch, capfd):
+    """As the library answers a WebP picture where the build lacks libwebp: `Unsupported`, naming the item."""
+    photos = write_photos(tmp_path / "photos", 12)
+    write_photos(tmp_path / "held-out-photos", 4, start=50)
+    decode, refused = uform.Trainer.decode, []
+
+    def without_webp(trainer, batch):
+        if not refused:  # the batch's second record's picture
+            refused.append(batch)
+            raise uform.Unsupported("batch.contents[2]: WebP images need a build with libwebp (Debian: libwebp-dev)")
+        return decode(trainer, batch)
+
+    monkeypatch.setattr(uform.Trainer, "decode", without_webp)
+    monkeypatch.setattr(uform, "capabilities", lambda: {"ram", "mesh", "jpeg", "png"})
+    assert cli.main(["train", photos_config(tmp_path)]) == 0
+    (bad,) = [line["bad_record"] for line in read_log(tmp_path / "runs" / "photos") if "bad_record" in line]
+    assert bad == f"{photos}:p01: 'jpg;png;webp': WebP images need a build with libwebp (Debian: libwebp-dev)"
+    said = capfd.readouterr().err  # said before the run, for the data and the held-out set alike
+    for field_path in ("data.columns", "evaluation.columns"):
+        assert (f"uform: {field_path}.jpg;png;webp: this build decodes no webp (uform.capabilities() lacks it); such "
+                "files are bad records\n") in said
+
+
 def test_an_empty_dataset_is_refused_naming_it_before_the_run_makes_its_folder(run, tmp_path, capsys):
     (tmp_path / "empty.jsonl").write_text("")
     assert cli.main(["train", run(**{'paths = ["train.jsonl"]': 'paths = ["empty.jsonl"]'})]) == 1

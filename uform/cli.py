@@ -508,7 +508,7 @@ def evaluate(trainer: uform.Trainer, executor: uform.Executor, folder: str, held
                           "cut to one text tie, and score as chance among them", file=sys.stderr)
                 queries, targets = queries.to_float32(), targets.to_float32()
                 break
-            except InvalidArgument as error:
+            except (InvalidArgument, Unsupported) as error:  # Unsupported: an item in a format this build lacks
                 found = refused_item(error)
                 if found is None:
                     raise
@@ -690,8 +690,26 @@ def _without_newest(complete: List[Tuple[int, str]], saved_in: str) -> str:
     return f"move {moved} out of {saved_in} to resume from {os.path.basename(older[-1][1])}{before}"
 
 
+_DECODERS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "wav": "wav", "flac": "flac", "mp3": "mp3",
+             "ogg": "ogg", "mp4": "mp4", "webm": "webm", "mkv": "mkv"}  # a file extension: the decoder it needs
+
+
+def _say_undecodable(columns: Mapping[str, Modality], field_path: str) -> None:
+    """Says which of a folder's or tar shard's media extensions this build cannot decode: such files are bad
+    records, each named when it is met."""
+    built = uform.capabilities()
+    for column, modality in columns.items():
+        lacking = [name for name in column.lower().split(";") if name in _DECODERS and _DECODERS[name] not in built]
+        if modality != Modality.TEXT and lacking:
+            print(f"uform: {field_path}.{column}: this build decodes no {', '.join(lacking)} (uform.capabilities() "
+                  "lacks it); such files are bad records", file=sys.stderr)
+
+
 def _train(config_path: str, index: int) -> int:
     config = load_config(config_path)
+    _say_undecodable(config.data.columns, "data.columns")
+    if config.evaluation is not None:
+        _say_undecodable(config.evaluation.columns, "evaluation.columns")
     count = config.mesh.host_domain_count
     if index >= count:
         raise InvalidArgument(f"--host-domain-index (or $UFORM_HOST_DOMAIN_INDEX): {index} is not below "
@@ -1099,7 +1117,9 @@ def _step(config, trainer, stream, batch, mesh=None, idle=False):
     while batch.batch is not None:
         try:
             return trainer._begun_step(batch.batch), batch, None
-        except InvalidArgument as error:  # what only the library could judge
+        except (InvalidArgument, Unsupported) as error:  # what only the library could judge
+            if isinstance(error, Unsupported) and refused_item(error) is None:
+                raise  # the run as a whole, not an item in a format this build does not decode
             several = mesh is not None and mesh.host_domain_count > 1
             theirs = several and _PEERS_REFUSED.match(str(error)) is not None
             retried = batch if theirs else stream.without_refused(batch, error)  # raises BadRecord under "refuse"
@@ -1268,7 +1288,7 @@ def _embed(checkpoint: str, source: str, output: str, column: Optional[str], mod
     def flush(encoder):
         try:
             rows = encoder.embed([kind] * len(pending), [value for _, value in pending], scalar)
-        except InvalidArgument as error:  # an item only the library could judge, such as an image it cannot decode
+        except (InvalidArgument, Unsupported) as error:  # an item only the library could judge, such as an image it cannot decode
             found = refused_item(error)
             if found is None:
                 raise

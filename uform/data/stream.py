@@ -34,7 +34,7 @@ import numpy as np
 
 from ..batch import Edges, Tape
 from ..config import Modality, TrainerConfig, enum_names, normalize_trainer_config, unsigned
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, Unsupported
 from .dataset import (BadRecord, Dataset, Group, check_schema, column_of, list_shards, load_media, make_group,
                       no_records, normalize_dataset, refused_item, text_columns)
 from .readers import READERS
@@ -363,7 +363,7 @@ class Stream:
             try:
                 return StepBatch(self._decode(step.batch), step.cursor, step.locations, step.bad_records, step.groups,
                                  decoded=True)
-            except InvalidArgument as error:
+            except (InvalidArgument, Unsupported) as error:  # Unsupported: a format this build does not decode
                 retried = self.without_refused(step, error)  # raises BadRecord under "refuse"
                 if retried is None:
                     return step  # a fault of the batch as a whole: the step reports it
