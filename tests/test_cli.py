@@ -328,7 +328,7 @@ def test_embed_writes_npy_and_parquet_in_input_order(run, tmp_path, capsys):
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy")]) == 1
     assert "--column: " in capsys.readouterr().err
     assert cli.main(["embed", checkpoint, source, str(tmp_path / "out.npy"), "--column", "answr"]) == 1
-    assert capsys.readouterr().err == (f"uform embed: --column: {source}'s first record has no column 'answr' "
+    assert capsys.readouterr().err == (f"uform embed: --column: {source}'s first records have no column 'answr' "
                                        "(it has 'question', 'answer')\n")
     assert not os.path.exists(tmp_path / "out.npy")
     on_cpu = ["--device", "cpu", "--threads", "1"]  # bit for bit with the encoder below: bits repeat for one thread count
@@ -364,7 +364,7 @@ def test_without_pyarrow_parquet_names_the_package_to_install(run, tmp_path, cap
 
 
 def test_a_config_error_names_its_field_before_any_step(run, capsys):
-    for replace, message in (({'answer = "text"': 'answr = "text"'}, "data.columns.answr: .*has no column 'answr'"),
+    for replace, message in (({'answer = "text"': 'answr = "text"'}, "data.columns.answr: .*have no column 'answr'"),
                              ({"keep = 2": "keep = 2\nkept = 3"}, "checkpoints.kept: unknown field"),
                              ({"depth = 1": "depth = 1\ndeep = 2"}, "trainer.deep: unknown field"),
                              ({"[run]": "[runs]"}, "runs: unknown section"),

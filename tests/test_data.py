@@ -192,10 +192,10 @@ def test_a_missing_column_or_key_fails_at_once_naming_it(tmp_path):
     tar = write_tar(tmp_path / "a.tar", [("k0", dict(jpg=JPEG, json=b"{}"))])
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "k.jpg").write_bytes(JPEG)
-    cases = [(jsonl, dict(question="text", answr="text"), "data.columns.answr: .*a.jsonl's first record has no column 'answr'"),
+    cases = [(jsonl, dict(question="text", answr="text"), "data.columns.answr: .*a.jsonl's first records have no column 'answr'"),
              (str(tmp_path / "a.csv"), PAIRS, "data.columns.answer: .*a.csv's header has no column 'answer' .*'reply'"),
-             (tar, dict(jpg="image", txt="text"), "data.columns.txt: .*a.tar's first record has no file 'txt'"),
-             (str(tmp_path / "folder"), dict(jpg="image", txt="text"), "data.columns.txt: .*has no file 'txt'")]
+             (tar, dict(jpg="image", txt="text"), "data.columns.txt: .*a.tar's first records have no file 'txt'"),
+             (str(tmp_path / "folder"), dict(jpg="image", txt="text"), "data.columns.txt: .*have no file 'txt'")]
     for path, columns, message in cases:
         with pytest.raises(uform.InvalidArgument, match=message):
             Stream(dict(paths=[path], columns=columns), CONFIG)
@@ -412,6 +412,30 @@ def test_packing_fills_a_devices_rows_as_the_library_packs_them(shards):
             trainer.step(step.batch)
     with stream_of(shards, max_groups_per_step=1) as stream:
         assert [len(step.locations) for step in take(stream, 3)] == [1, 1, 1]
+
+
+def test_a_bad_first_record_or_a_hidden_file_leaves_the_schema_to_the_records_after_it(tmp_path):
+    """A first record that is no JSON object, or lacks a column, is a bad record, not a misspelt column; files a
+    file manager leaves (`.DS_Store`) are no record at all."""
+    rows = [json.dumps(row) for row in pairs(6)]
+    path = tmp_path / "a.jsonl"
+    path.write_text("[1, 2]\n" + json.dumps(dict(question="only a question")) + "\n" + "\n".join(rows) + "\n")
+    with Stream(dict(paths=[str(path)], columns=PAIRS, shuffle_buffer=0), CONFIG) as stream:
+        step = next(stream)
+    assert [message.split(": ")[0] for message in step.bad_records] == [f"{path}:line 1", f"{path}:line 2"]
+    assert step.locations[0] == f"{path}:line 3"
+    with pytest.raises(uform.InvalidArgument, match=r"a.jsonl's first records have no column 'answr' \(it has "
+                                                    r"'question', 'answer'\)"):
+        Stream(dict(paths=[str(path)], columns=dict(question="text", answr="text")), CONFIG)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name, data in (("a.png", PNG), ("a.txt", b"a caption"), (".DS_Store", b"\0\1"), ("b.png", PNG),
+                       ("b.txt", b"another")):
+        (folder / name).write_bytes(data)
+    (folder / ".ipynb_checkpoints").mkdir()
+    (folder / ".ipynb_checkpoints" / "c.txt").write_text("a notebook's copy")
+    assert [location for location, _, _ in records(dict(paths=[str(folder)], columns=dict(png="image", txt="text")))] \
+        == [f"{folder}:a", f"{folder}:b"]
 
 
 def test_a_csv_quote_never_closed_ends_the_shard_saying_so(tmp_path):

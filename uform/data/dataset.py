@@ -156,12 +156,13 @@ def no_records(shards: List[Tuple[str, str]], path: str = "data") -> InvalidArgu
 
 
 def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str]]) -> int:
-    """Each column of `wanted`, (the field or argument that named it, the column), is in every shard's header
-    or first record; `InvalidArgument` names the field, the shard and the columns it has otherwise. Answers how
-    many shards hold no record at all."""
+    """Each column of `wanted`, (the field or argument that named it, the column), is in every shard's header,
+    or in one of its first 64 records that read (one record lacking it is a bad record, not a misspelt column);
+    `InvalidArgument` names the field, the shard and the columns it has otherwise. Answers how many shards hold
+    no record at all."""
     empty = 0
     for path, layout in shards:
-        offered = columns_of_first_record(path, layout)
+        offered = columns_of_first_record(path, layout, most=64)
         if offered is None:
             empty += 1  # an empty shard has no records to be wrong
             continue
@@ -170,9 +171,9 @@ def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str
                 if layout == "tar":  # a sample split apart explains a missing file better: read_tar names it
                     for _ in READERS["tar"](path):
                         pass
-                where = "header" if layout in ("csv", "parquet") else "first record"
+                where = "header has" if layout in ("csv", "parquet") else "first records have"
                 noun = "file" if layout in ("tar", "folder") else "column"
-                raise InvalidArgument(f"{field_path}: {path}'s {where} has no {noun} {column!r} "
+                raise InvalidArgument(f"{field_path}: {path}'s {where} no {noun} {column!r} "
                                       f"(it has {', '.join(map(repr, offered)) or 'nothing'})")
     return empty
 

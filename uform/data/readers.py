@@ -312,11 +312,14 @@ def read_tar(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> I
 
 
 def read_folder(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -> Iterator[Tuple[str, Any]]:
-    """Files anywhere under the folder, grouped by key (`cat.jpg` beside `cat.txt`), in sorted order."""
+    """Files anywhere under the folder, grouped by key (`cat.jpg` beside `cat.txt`), in sorted order. Hidden
+    files and folders (`.DS_Store`, `.ipynb_checkpoints/`), which tools leave beside data, are no records."""
     samples: Dict[str, Dict[str, FileSlice]] = {}
     for folder, subfolders, names in os.walk(path):
-        subfolders.sort()
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         for name in names:
+            if name.startswith("."):
+                continue
             relative = os.path.relpath(os.path.join(folder, name), path)
             key, extension = split_key(relative)
             samples.setdefault(key, {})[extension] = FileSlice(os.path.join(folder, name))
@@ -327,21 +330,31 @@ def read_folder(path: str, start: int = 0, text_columns: Tuple[str, ...] = ()) -
 READERS = {"jsonl": read_jsonl, "csv": read_csv, "parquet": read_parquet, "tar": read_tar, "folder": read_folder}
 
 
-def columns_of_first_record(path: str, layout: str) -> Optional[List[str]]:
-    """The columns a shard offers, as its header says (CSV, Parquet) or its first record holds; None when empty."""
+def columns_of_first_record(path: str, layout: str, most: int = 1) -> Optional[List[str]]:
+    """The columns a shard offers, as its header says (CSV, Parquet), or as its first `most` records that read
+    hold (in order, each once): one that does not read (a line that is no JSON object) is passed over, a bad
+    record the stream will name, unless no record among the first 64 reads. None when the shard is empty."""
     if layout == "csv":
         return csv_columns(path) or None
     if layout == "parquet":
         return parquet_columns(path)
-    first = next(READERS[layout](path), None)
+    offered: Dict[str, None] = {}
+    first, read = None, 0
+    for where, values in itertools.islice(READERS[layout](path), 64):
+        first = first or (where, values)
+        if isinstance(values, dict):
+            offered.update(dict.fromkeys(values))
+            read += 1
+            if read == most:
+                break
     if first is None:
         return None
-    if isinstance(first[1], InvalidArgument):
+    if not read and isinstance(first[1], InvalidArgument):
         raise InvalidArgument(f"data.paths: {path}: {first[1]}")
-    if first[1] is None and layout == "jsonl":
-        raise InvalidArgument(f"data.paths: {path}: its first line is no JSON object; if it is no JSONL file, name its "
-                              "layout in data.format")
-    return list(first[1] or {})
+    if not read and layout == "jsonl":
+        raise InvalidArgument(f"data.paths: {path}: its first line is no JSON object, nor any of the first 64; if it "
+                              "is no JSONL file, name its layout in data.format")
+    return list(offered)
 
 
 # ---------------------------------------------------------------------------------------------- #
