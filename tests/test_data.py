@@ -199,6 +199,9 @@ def test_a_missing_column_or_key_fails_at_once_naming_it(tmp_path):
     for path, columns, message in cases:
         with pytest.raises(uform.InvalidArgument, match=message):
             Stream(dict(paths=[path], columns=columns), CONFIG)
+    with pytest.raises(uform.InvalidArgument, match=r"data.paths\[0\]: '.*folder' is a folder, which data.format = "
+                                                    r"'jsonl' does not read; leave data.format out"):
+        Stream(dict(paths=[str(tmp_path / "folder")], columns=dict(jpg="image", txt="text"), format="jsonl"), CONFIG)
     with pytest.raises(uform.InvalidArgument, match=r"data.paths\[0\]: .*no such file"):
         Stream(dict(paths=[str(tmp_path / "absent.jsonl")], columns=PAIRS), CONFIG)
     with pytest.raises(uform.InvalidArgument, match="data.colums: unknown field"):

@@ -1230,7 +1230,7 @@ def _column_modality(column: str) -> Modality:
 
 # The data layer names what it reads as `uform train`'s config does; `uform embed` takes it as arguments.
 _EMBED_NAMES = ((re.compile(r"^data\.paths(\[0\])?: "), "INPUT: "), (re.compile(r"^data\.format: "), "--format: "),
-                (re.compile(r"\bin data\.format\b"), "with --format"))
+                (re.compile(r"\bin data\.format\b"), "with --format"), (re.compile(r"\bdata\.format\b"), "--format"))
 
 
 def embed(*args: Any) -> int:

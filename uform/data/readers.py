@@ -72,13 +72,17 @@ def _unreadable(reason: str) -> Tuple[str, InvalidArgument]:
 
 def shard_format(path: str, given: Optional[str], field_path: str = "data.paths") -> str:
     """The layout of one shard: `given`, or what its extension (or being a folder) says."""
+    section = field_path.split(".")[0]
     if given is not None:
+        if os.path.isdir(path) != (given == "folder"):  # read as it is not, it would fail with no field to name
+            what = "a folder" if os.path.isdir(path) else "a file"
+            raise InvalidArgument(f"{field_path}: {path!r} is {what}, which {section}.format = {given!r} does not "
+                                  f"read; leave {section}.format out to read each path by its extension or as a folder")
         return given
     if os.path.isdir(path):
         return "folder"
     extension = os.path.splitext(path)[1].lower()
     if extension not in _EXTENSIONS:
-        section = field_path.split(".")[0]
         raise InvalidArgument(f"{field_path}: {path!r} has no known extension ({', '.join(sorted(_EXTENSIONS))}) "
                               f"and is no folder; name its layout in {section}.format")
     return _EXTENSIONS[extension]
