@@ -1057,6 +1057,8 @@ def test_evaluation_columns_may_name_two_of_the_datas_columns_in_a_list(run, tmp
                                                       r"columns \('question', 'answer'\), so its modality is unknown"),
                              ('["answer"]', "evaluation.columns: retrieval needs two columns, a query's and its "
                                             "target's; got 1"),
+                             ('["answer", "question", "passage"]', "evaluation.columns: retrieval needs two columns, "
+                                                                   "a query's and its target's; got 3"),
                              ('["answer", "answer"]', r"evaluation.columns\[1\]: 'answer' again; retrieval needs two "
                                                       "different columns"),
                              ("[1, 2]", r"evaluation.columns\[0\]: expected a column name, got int"),
@@ -1384,7 +1386,7 @@ def test_bad_records_met_each_epoch_are_counted_once_as_distinct(run, tmp_path, 
     data.write_text('{"question": "q", "answer": ""}\n' + data.read_text() + '{"question": "", "answer": "a"}\n')
     assert cli.main(["train", run(steps=20)]) == 0  # 160 rows of 60 records: the two bad ones met in three epochs
     out = capsys.readouterr().out
-    skipped = re.search(r"; (\d+) bad records skipped \(2 distinct, met again in later epochs\)\n$", out)
+    skipped = re.search(r"; (\d+) bad records skipped by this command \(2 distinct, met again in later epochs\)\n$", out)
     assert skipped and int(skipped.group(1)) > 2, out
 
 

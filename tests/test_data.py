@@ -136,6 +136,15 @@ def test_choices_and_their_targets_come_from_columns(tmp_path):
         assert trainer.step(batch).stats.choice_items == len(batch["modalities"]) // 2
     with pytest.raises(uform.InvalidArgument, match="data.choices: .*max_choices_per_item"):
         Stream(dataset, CONFIG)
+    table = tmp_path / "judged.csv"  # a CSV cell of targets that is no list of numbers: the cell, as it reads
+    table.write_text("text,label,choices,targets\nis 0 even?,0 is a number,yn,0.9 x\n" + "".join(
+        f"is {i} even?,{i} is a number,yn,0.5 0.5\n" for i in range(1, 4)))
+    with Stream(dict(dataset, paths=[str(table)]), config) as stream:
+        (bad,) = next(stream).bad_records
+    assert bad == f"{table}:line 2: 'targets' is '0.9 x', not a list of numbers (a JSON list, or numbers between spaces)"
+    table.write_text("text,label,text\nq,a,q again\n")  # a named column twice in the header: which, unsaid
+    with pytest.raises(uform.InvalidArgument, match=r"data.columns.text: .*judged.csv's header names 'text' 2 times"):
+        Stream(dict(dataset, paths=[str(table)], choices=None, choice_targets=None), config)
 
 
 def test_tar_shards_in_webdataset_layout_pass_images_as_their_bytes(tmp_path):

@@ -156,6 +156,9 @@ def _evaluation_columns(columns: Any, data: Dataset) -> Any:
     if not isinstance(columns, list):
         raise InvalidArgument(f"evaluation.columns: expected a list of two of [data]'s columns or a table of "
                               f"column = modality, got {type(columns).__name__}")
+    if len(columns) != 2:  # said first: it is the count that is wrong, whatever the names
+        raise InvalidArgument(f"evaluation.columns: retrieval needs two columns, a query's and its target's; got "
+                              f"{len(columns)}")
     known = {**data.negatives, **data.columns}
     for number, name in enumerate(columns):
         if not isinstance(name, str):
@@ -1189,7 +1192,7 @@ def _finish(config, trainer, executor, held_out, log, stop, step, cursor, saved_
                   f"is complete, checkpoints in {saved_in}", file=sys.stderr)
             return 128 + stop.signal
     written = f"host domain 0 writes the checkpoints in {saved_in}" if index else f"checkpoints in {saved_in}"
-    skipped = f"; {bad} bad record{'s' if bad != 1 else ''} skipped" if bad else ""
+    skipped = f"; {bad} bad record{'s' if bad != 1 else ''} skipped by this command" if bad else ""
     if distinct < bad:
         skipped += f" ({distinct} distinct, met again in later epochs)"
     print(f"uform: trained to step {step}; {written}, log in {log.path}{skipped}")

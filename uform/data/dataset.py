@@ -48,7 +48,8 @@ class Dataset:
     format: Optional[str] = field(default=None, metadata={"doc": "jsonl, csv, parquet, tar or folder; absent: by extension."})
     bad_records: str = field(default="skip", metadata={"doc": "skip (and count) or refuse a record that makes no group."})
     shuffle_buffer: int = field(default=1024, metadata={"doc": "Records shuffled together; 0 keeps file order."})
-    max_groups_per_step: Optional[int] = field(default=None, metadata={"doc": "Rows per device's step at most."})
+    max_groups_per_step: Optional[int] = field(default=None, metadata={
+        "doc": "Records (groups) per device's step at most; 0 or absent: as many as fit."})
     prefetch: int = field(default=2, metadata={"doc": "Batches assembled ahead of the step that trains."})
 
 
@@ -167,6 +168,10 @@ def check_columns(shards: List[Tuple[str, str]], wanted: Sequence[Tuple[str, str
             empty += 1  # an empty shard has no records to be wrong
             continue
         for field_path, column in wanted:
+            twice = [name for name in column.split(";") if offered.count(name) > 1]
+            if twice:  # a record would hold the last one's value, silently
+                raise InvalidArgument(f"{field_path}: {path}'s header names {twice[0]!r} {offered.count(twice[0])} "
+                                      "times; rename all but one")
             if not any(name in offered for name in column.split(";")):
                 if layout == "tar":  # a sample split apart explains a missing file better: read_tar names it
                     for _ in READERS["tar"](path):
@@ -273,6 +278,7 @@ def _choices(values: Mapping, dataset: Dataset, location: str):
         choices = choices.encode("utf-8")
     if not isinstance(choices, bytes) or not choices or len(set(choices)) != len(choices):
         raise BadRecord(f"{location}: {dataset.choices!r} is {choices!r}, not distinct bytes to choose from")
+    given = targets
     if isinstance(targets, str):  # CSV holds a JSON list, or numbers between spaces
         try:
             targets = json.loads(targets) if targets.lstrip().startswith("[") else [float(t) for t in targets.split()]
@@ -281,7 +287,8 @@ def _choices(values: Mapping, dataset: Dataset, location: str):
     try:
         targets = [float(target) for target in targets]
     except (TypeError, ValueError):
-        raise BadRecord(f"{location}: {dataset.choice_targets!r} is {targets!r}, not a list of numbers") from None
+        raise BadRecord(f"{location}: {dataset.choice_targets!r} is {given!r}, not a list of numbers (a JSON list, or "
+                        "numbers between spaces)") from None
     if len(targets) != len(choices):
         raise BadRecord(f"{location}: {dataset.choice_targets!r} has {len(targets)} targets for {len(choices)} choices")
     if not all(math.isfinite(t) and t >= 0 for t in targets) or abs(sum(targets) - 1) > 1e-3:
