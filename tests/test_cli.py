@@ -195,7 +195,7 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
         assert [event.step for event in accumulator.Scalars("loss/loss")] == list(range(1, 10))
 
     capsys.readouterr()
-    config = run(steps=12, **{"steps = 12": "steps = 12\nlearning_rate = 5e-4\nwarmup_steps = 0",
+    config = run(steps=12, **{"steps = 12": "steps = 12\nlearning_rate = 5e-4\nwarmup_steps = 0\nmin_learning_rate = 0",
                               "[data]": "[trainer.contrastive]\nmatryoshka_dimensions = [128]\n\n[data]"})
     assert cli.main(["train", config]) == 0
     assert steps_in(folder) == [9, 12]
@@ -204,8 +204,11 @@ def test_train_evaluates_rotates_checkpoints_logs_and_resumes(run, capsys):
     # Said, as each field's change: the rate the user gave, the steps raised; a field left to the library is none.
     assert started[1]["changed"] == {"trainer.schedule.learning_rate": [0.001, 0.0005],
                                      "trainer.schedule.steps": [9, 12]}
+    err = capsys.readouterr().err
     assert re.search(r"uform: resuming .*step-000000009.safetensors with trainer.schedule.steps = 12 \(was 9\), "
-                     r"trainer.schedule.learning_rate = 0.0005 \(was 0.001\)\n", capsys.readouterr().err)
+                     r"trainer.schedule.learning_rate = 0.0005 \(was 0.001\)\n", err)
+    assert err.count("uform: trainer.schedule.min_learning_rate: 0 is read as absent, so it derives learning_rate / 10, "
+                     "not 0") == 1  # said once, though the config is checked more than once
     assert cli.main(["train", config]) == 0
     assert "already took its 12 steps; raise trainer.schedule.steps above 12" in capsys.readouterr().out
     assert cli.main(["train", run(steps=5)]) == 0

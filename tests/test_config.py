@@ -7,6 +7,7 @@ import json
 import os
 import re
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -127,3 +128,43 @@ def test_a_recorded_configs_enumerations_read_back_by_the_names_they_were_given(
     unknown = dict(objective=9, contrastive=dict(pair_loss=0, negatives=True), optimizer=dict(beta1=0.9))
     assert uform.config.enum_names(uform.TrainerConfig, unknown) == dict(
         objective=9, contrastive=dict(pair_loss="derived", negatives=True), optimizer=dict(beta1=0.9))
+
+
+def field_of(name):
+    """The dataclass field a dotted path names."""
+    kind = uform.TrainerConfig
+    for part in name.split("."):
+        field = {f.name: f for f in dataclasses.fields(kind)}[part]
+        kind = getattr(field.metadata["kind"], "kind", None)
+    return field
+
+
+def test_a_zero_given_on_purpose_warns_exactly_where_the_library_derives_another_value(tmp_path):
+    """The C library reads 0 as absent. Each real field is set to 0 in turn: where the checkpoint then records
+    another value, the config warned, naming the field; where it records 0, it did not."""
+    cpu = uform.Executor.for_ram(threads=1)
+    checked = 0
+    for name, value in leaves(EVERY_FIELD).items():
+        if not isinstance(field_of(name).metadata["kind"], uform.config._Real):
+            continue
+        config = json.loads(json.dumps(EVERY_FIELD))
+        *parents, last = name.split(".")
+        parent = config
+        for key in parents:
+            parent = parent[key]
+        parent[last] = 0
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            try:
+                trainer = uform.Trainer.init_ram(cpu, config)
+            except uform.InvalidArgument:
+                continue  # 0 is no value of this field at all (depth, hidden, steps, ...)
+        path = tmp_path / f"{name}.safetensors"
+        trainer.save(str(path))
+        trainer.free()
+        recorded = leaves(read_config(path))[name]
+        said = [str(warning.message) for warning in warned if f"config.{name}: 0 is read as absent" in str(warning.message)]
+        assert len(said) == (recorded != 0), (name, recorded, said)
+        checked += 1
+    cpu.free()
+    assert checked == 20  # every real field

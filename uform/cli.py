@@ -28,6 +28,7 @@ import struct
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -1529,6 +1530,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
     terminated = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
+    warned = warnings.catch_warnings()  # the library's warnings as this command's lines, each once
+    warned.__enter__()
+    warnings.simplefilter("always", UserWarning)
+    warnings.showwarning = _say_once(set())
     try:
         if args.command == "train":
             return train(args.config, _host_domain_index(args.host_domain_index))
@@ -1552,8 +1557,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"uform {args.command}: {error}{hint}", file=sys.stderr)
         return 1
     finally:
+        warned.__exit__(None, None, None)
         if on_main:  # None: a handler installed from outside Python, which the default stands for
             signal.signal(signal.SIGTERM, signal.SIG_DFL if terminated is None else terminated)
+
+
+def _say_once(said: set) -> Any:
+    """`warnings.showwarning` for the command: a line of its own, the trainer's fields named as the TOML file
+    names them, each said once however often the config is checked."""
+
+    def say(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        text = re.sub(r"^config\.", "trainer.", str(message))
+        if text not in said:
+            said.add(text)
+            print(f"uform: {text}", file=sys.stderr)
+
+    return say
 
 
 class _Terminated(BaseException):

@@ -18,6 +18,9 @@ import enum
 import numbers
 import operator
 import os
+import re
+import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
@@ -362,7 +365,29 @@ def normalize(kind: type, value: Any, path: str) -> dict:
         given = value
     else:
         raise InvalidArgument(f"{path}: expected {article(kind.__name__)} or a dict, got {type(value).__name__}")
+    for f in fields:
+        _say_zero_derives(f, given.get(f.name), f"{path}.{f.name}")
     return {f.name: _kind(f)(given.get(f.name), f"{path}.{f.name}") for f in fields}
+
+
+def _say_zero_derives(f: dataclasses.Field, value: Any, path: str) -> None:
+    """Warns where a real 0 given on purpose derives a default that is not 0 (`bias = 0` starting at -10, a weight
+    of 0 weighing 1): the C library reads 0 as absent, so a value meant as zero would be lost unsaid. Counts and
+    sizes are left alone: their 0 is seldom meant as one, and a recorded config holds the 0 they derive when the
+    term they size is off."""
+    derived = re.search(r"[Aa]bsent derives (.+?)\.?(?: \(|$)", f.metadata.get("doc", ""))
+    if isinstance(_kind(f), _Real) and isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0 \
+            and derived and derived.group(1) not in ("0", "0."):
+        warnings.warn(f"{path}: 0 is read as absent, so it derives {derived.group(1)}, not 0 (the smallest value that "
+                      "is not 0 comes nearest to 0)", UserWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The `stacklevel` of the first frame outside this package: where the config came from."""
+    level, frame, package = 1, sys._getframe(1), os.path.dirname(os.path.abspath(__file__))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def enum_names(kind: type, values: Mapping) -> dict:
@@ -507,7 +532,7 @@ class Schedule:
                         doc="Steps the run takes, which the cosine spans; required.")
     learning_rate: Optional[float] = _field(_F32, doc="Absent derives 1e-3.")
     min_learning_rate: Optional[float] = _field(_F32, doc="Absent derives learning_rate / 10.")
-    warmup_steps: Optional[int] = _field(_U64, doc="Absent derives steps / 20.")
+    warmup_steps: Optional[int] = _field(_U64, doc="Absent (or 0) derives steps / 20; 1 warms up over none.")
 
 
 @dataclass
