@@ -241,7 +241,7 @@ class _Real(_Kind):
         number = 0.0 if value is None else real(value, path)
         if number != 0 and abs(number) < 1e-44 and np.float32(number) == 0:  # no overflow warning asked for
             raise InvalidArgument(f"{path}: {_describe(value)} rounds to 0 as a float32, which would derive the "
-                                  f"default; give 0 (or None) for the default, or a magnitude of at least 1.4e-45")
+                                  f"default; leave it out (or None) for the default, or a magnitude of at least 1.4e-45")
         return number
 
 
