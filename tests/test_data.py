@@ -665,7 +665,15 @@ def test_a_null_value_is_said_to_be_null_not_missing(tmp_path):
     with Stream(dataset, CONFIG) as stream:
         bad = next(stream).bad_records
     assert bad == [f"{path}:line 2: 'answer' is null", f"{path}:line 3: no 'answer'", f"{path}:line 4: 'hard' holds a null",
-                   f"{path}:line 5: 'hard' is null", f"{path}:line 6: 'score' is null"]
+                   f"{path}:line 6: 'score' is null"]
+    rows = [dict(question="q0", answer="a0", hard=["h"]), dict(question="q1", answer="a1"),
+            dict(question="q2", answer="a2", hard=None), dict(question="q3", answer="a3", hard=[])]
+    csv = tmp_path / "hard.csv"  # hard negatives are optional record by record: absent, null, empty, none
+    csv.write_text("question,answer,hard\nq0,a0,h\nq1,a1,\n")
+    for shard in (write_jsonl(tmp_path / "optional.jsonl", rows), str(csv)):
+        with Stream(dict(paths=[shard], columns=PAIRS, negatives=dict(hard="text"), shuffle_buffer=0), CONFIG) as stream:
+            step = next(stream)
+        assert not step.bad_records and [len(group.items) for group in step.groups] == [3] + [2] * (len(step.groups) - 1)
     pyarrow = pytest.importorskip("pyarrow")
     import pyarrow.parquet
 

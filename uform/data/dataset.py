@@ -212,8 +212,8 @@ def make_group(dataset: Dataset, location: str, values: Any, folder: str) -> Gro
     columns = list(dataset.columns)
     positives = len(items)
     for column, modality in dataset.negatives.items():
-        value = _present(values, column, location)
-        for entry in value if isinstance(value, list) else [value]:
+        value = pick(values, column)  # absent, null or an empty cell: this record has no hard negative of the column
+        for entry in [] if value is None or value == "" else value if isinstance(value, list) else [value]:
             if entry is None:
                 raise BadRecord(f"{location}: {column!r} holds a null")
             items.append((modality, _checked(entry, column, modality, location)))
