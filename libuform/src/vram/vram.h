@@ -52,6 +52,10 @@ typedef struct uform_vram_context_t {
     uform_plan_t plan;
     void* scratch[uform_vram_scratch_count_k];
     size_t scratch_bytes[uform_vram_scratch_count_k];
+    bool records;                                  /* steps queued as graphs (`UFORM_STEP_GRAPH=1`) */
+    bool recording;                                /* between `record_begin` and `record_end` */
+    cudaGraphExec_t recorded[uform_fences_k / 2];  /* each flight's last step, updated in place when it can be */
+    cudaEvent_t launched[uform_fences_k / 2];      /* recorded after each one's launch: it may change once passed */
 } uform_vram_context_t;
 
 /* Every operation file says how much scratch it plans for; backend.cu takes it all at once. */
