@@ -212,10 +212,11 @@ typedef uform_status_t (*uform_zero_t)(void* context, void* destination, size_t 
 /** float32 (count) to activations (count): the compute copy of freshly loaded weights. */
 typedef uform_status_t (*uform_convert_t)(void* context, void* activations, float const* source, size_t count);
 /** Optional, with fences: what is queued between `record_begin` and `record_end` is recorded rather than run, then
- *  launched whole at `record_end` (a CUDA graph: one launch for a step's hundreds of kernels). `slot` is the step's
- *  flight, whose last recording has run by then; `keep` 0, after a failed operation, discards the recording and
- *  launches nothing. A backend may record nothing and run as it queues: both then return at once. */
-typedef uform_status_t (*uform_record_begin_t)(void* context);
+ *  launched whole at `record_end` (a CUDA graph: one launch for a step's hundreds of kernels). `record_begin` sets
+ *  `*recording` to 0 where it records nothing (the operations then run as they are queued, and `record_end` is
+ *  not called). `slot` is the step's flight; `keep` 0, after a failed operation, discards the recording and
+ *  launches nothing. */
+typedef uform_status_t (*uform_record_begin_t)(void* context, int* recording);
 typedef uform_status_t (*uform_record_end_t)(void* context, unsigned slot, int keep);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -481,7 +481,7 @@ static uform_status_t uform_trainer_queue(uform_trainer_s* trainer, uform_flight
         if (status == uform_status_success_k && trainer->fenced) status = backend->fence(context, 2 * slot);
         prepared = uform_seconds();
         if (status == uform_status_success_k && trainer->fenced && backend->record_begin)
-            recorded = (status = backend->record_begin(context)) == uform_status_success_k;
+            status = backend->record_begin(context, &recorded);
         if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
     }
     /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. Every device

@@ -117,12 +117,13 @@ uform_status_t uform_vram_context_create(void* device_, uform_plan_t const* plan
     return uform_status_success_k;
 }
 
-uform_status_t uform_vram_record_begin(void* context_) {
+uform_status_t uform_vram_record_begin(void* context_, int* recording) {
     uform_vram_context_t* context = uform_vram(context_);
+    *recording = 0;
     if (!context->records) return uform_status_success_k;
     uform_status_t status = uform_vram_check(cudaStreamBeginCapture(context->stream, cudaStreamCaptureModeThreadLocal),
                                              "cudaStreamBeginCapture");
-    context->recording = status == uform_status_success_k;
+    *recording = context->recording = status == uform_status_success_k;
     return status;
 }
 
