@@ -201,14 +201,26 @@ def main():
 
     peak = peer.peak_bf16_tflops()
     for depth, hidden, rows, cols in args.geometry or GEOMETRIES:
+        steps_ms = collections.defaultdict(list)  # each trial's step times, "" as it is
         for _ in range(args.rounds):
             for trial in [""] + args.trial:
-                run = with_environment(trial, lambda: uform_run(
-                    depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism, args.in_flight,
-                    args.profile and (args.timeline or True)))
+                try:
+                    run = with_environment(trial, lambda: uform_run(
+                        depth, hidden, rows, cols, args.steps, args.warmup, peak, torch, args.determinism,
+                        args.in_flight, args.profile and (args.timeline or True)))
+                except uform.Error as error:
+                    if not trial:
+                        raise
+                    print(json.dumps(dict(trial=trial, error=f"{type(error).__name__}: {error}")), flush=True)
+                    continue  # a trial that fails says so; the others still run
                 print(json.dumps(dict(run, trial=trial) if trial else run), flush=True)
+                steps_ms[trial].append(run["step_ms"])
                 if not trial:
                     ours = run  # the ratio below is to the last run as it is
+        if args.trial:  # each trial's median step beside the median as it is
+            median = {trial: sorted(times)[len(times) // 2] for trial, times in steps_ms.items()}
+            print(json.dumps(dict(depth=depth, hidden=hidden, rows=rows, cols=cols, median_step_ms=median,
+                                  change_ms={t: median[t] - median[""] for t in median if t})), flush=True)
         if args.no_peer:
             continue
         for mode in ("eager", "compile"):
