@@ -26,7 +26,7 @@ uform_field_t const uform_fields[uform_fields_count_k] = {UFORM_CONFIG_FIELDS(UF
 #define UFORM_FIELD_MISTYPED(member, kind, derived, most, checkpoint)                                                 \
     +(sizeof(((uform_trainer_init_vram_t*)0)->member) != sizeof(UFORM_FIELD_TYPE_##kind) ||                          \
       ((checkpoint) && uform_field_##kind##_k != uform_field_count_k))
-typedef char uform_fields_typed[0 UFORM_CONFIG_FIELDS(UFORM_FIELD_MISTYPED) ? -1 : 1];
+typedef char uform_fields_typed[(0 UFORM_CONFIG_FIELDS(UFORM_FIELD_MISTYPED)) ? -1 : 1];
 
 /* Each field of a config inside `[begin, end)` by its row alone, `base` pointing at `begin`: zero takes what it
    derives, and the value is checked as its kind asks. Messages name `path`, then the row's name past `skip` bytes. */
