@@ -81,7 +81,8 @@ from .config import (
     unsigned_array,
 )
 from .deferred import Deferred, TwoPhase, Worker, stop_on_collect
-from .errors import Busy, DeviceError, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle, OutOfMemory, PeerError, StorageError, Unsupported
+from .errors import (Busy, ConfigWarning, DeviceError, Error, InvalidArgument, InvalidCheckpoint, InvalidHandle,
+                     OutOfMemory, PeerError, StorageError, Unsupported)
 from .outputs import _ITEM_BYTES, Arena, Rows, Scalar, Stats, Stepped
 
 __version__ = _native.version()
@@ -138,6 +139,7 @@ __all__ = [
     "StorageError",
     "DeviceError",
     "PeerError",
+    "ConfigWarning",
 ]
 
 

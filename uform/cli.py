@@ -1530,10 +1530,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
     terminated = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
-    warned = warnings.catch_warnings()  # the library's warnings as this command's lines, each once
+    warned = warnings.catch_warnings()  # the config's warnings as this command's lines, each once
     warned.__enter__()
-    warnings.simplefilter("always", UserWarning)
-    warnings.showwarning = _say_once(set())
+    warnings.simplefilter("always", uform.ConfigWarning)
+    warnings.showwarning = _say_once(set(), warnings.showwarning)
     try:
         if args.command == "train":
             return train(args.config, _host_domain_index(args.host_domain_index))
@@ -1562,11 +1562,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if terminated is None else terminated)
 
 
-def _say_once(said: set) -> Any:
-    """`warnings.showwarning` for the command: a line of its own, the trainer's fields named as the TOML file
-    names them, each said once however often the config is checked."""
+def _say_once(said: set, otherwise: Any) -> Any:
+    """`warnings.showwarning` for the command: a config's warning as a line of its own, the trainer's fields named
+    as the TOML file names them, each said once however often the config is checked; any other as `otherwise`."""
 
     def say(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not issubclass(category, uform.ConfigWarning):
+            return otherwise(message, category, filename, lineno, file, line)
         text = re.sub(r"^config\.", "trainer.", str(message))
         if text not in said:
             said.add(text)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from . import _native
-from .errors import InvalidArgument, unknown_field
+from .errors import ConfigWarning, InvalidArgument, unknown_field
 from .outputs import Arena, Scalar
 
 __all__ = [
@@ -379,7 +379,7 @@ def _say_zero_derives(f: dataclasses.Field, value: Any, path: str) -> None:
     if isinstance(_kind(f), _Real) and isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0 \
             and derived and derived.group(1) not in ("0", "0."):
         warnings.warn(f"{path}: 0 is read as absent, so it derives {derived.group(1)}, not 0 (the smallest value that "
-                      "is not 0 comes nearest to 0)", UserWarning, stacklevel=_caller_level())
+                      "is not 0 comes nearest to 0)", ConfigWarning, stacklevel=_caller_level())
 
 
 def _caller_level() -> int:

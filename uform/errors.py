@@ -18,11 +18,16 @@ __all__ = [
     "StorageError",
     "DeviceError",
     "PeerError",
+    "ConfigWarning",
 ]
 
 
 class Error(Exception):
     """The base of every error uform raises."""
+
+
+class ConfigWarning(UserWarning):
+    """A config field given a value the library takes otherwise than it reads: 0 where 0 derives a default."""
 
 
 class InvalidArgument(Error, ValueError):
