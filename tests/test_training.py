@@ -59,6 +59,14 @@ def test_demo_refuses_what_it_cannot_do_in_one_line_before_training(tmp_path, ca
         assert printed.out == "", printed.out
 
 
+def test_the_demos_pairs_hold_nothing_of_the_environment(monkeypatch):
+    """A default of `os.environ` (`cgi.parse(environ=...)`) would put the whole environment in a signature: a run's
+    data would then change with any variable, and carry its secrets into training."""
+    monkeypatch.setenv("UFORM_TEST_MARKER", "a value no signature holds")
+    pairs = demo.stdlib_pairs()
+    assert len(pairs) > 1000 and not any("a value no signature holds" in text for pair in pairs for text in pair)
+
+
 def test_demo_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo.safetensors"
     assert demo.main(["--steps", "3", "--held-out", "32", "--depth", "1", "--hidden", "128", "--out", str(out)]) == 0

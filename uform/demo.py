@@ -83,8 +83,10 @@ def _stdlib_pairs():
                 candidates.append((f"{module_name}.{name}", value))
         for qualified_name, value in candidates:
             try:
-                # Defaults like `<object object at 0x7f...>` carry addresses: drop them, so every run sees the same text.
-                signature = re.sub(r" at 0x[0-9a-fA-F]+", "", f"{qualified_name}{inspect.signature(value)}")
+                # Defaults like `<object object at 0x7f...>` carry addresses, and `environ=os.environ` the whole
+                # environment (secrets too): both dropped, so every run and shell sees the same text.
+                signature = f"{qualified_name}{inspect.signature(value)}".replace(repr(os.environ), "os.environ")
+                signature = re.sub(r" at 0x[0-9a-fA-F]+", "", signature)
                 doc = inspect.getdoc(value)
             except (TypeError, ValueError):
                 continue
