@@ -199,6 +199,9 @@ struct arguments_t {
     A row's aux is read 16 pairs at a time (N = 128: the whole row; 192: half, as 24 would spill)
     before their results are written: the compiler cannot tell a result's address from the next
     aux's, so a load after each store would wait out its latency once a pair. */
+/** Where, from the start of its row's piece in the tile, pair `j` of a lane's row lies: box j / 8, chunk swizzled. */
+__device__ __forceinline__ int swizzled(int j, int lane) { return (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16); }
+
 template <uform_hopper_epilogue_t epilogue, int held>
 __device__ __forceinline__ void finish(float const (&sums)[held], uint8_t* tile, int row0) {
     constexpr int chunks = held / 4, run = chunks > 16 ? chunks / 2 : chunks; /* the row's pairs; those read at once */
@@ -207,7 +210,7 @@ __device__ __forceinline__ void finish(float const (&sums)[held], uint8_t* tile,
     for (int below = 0; below != 2; ++below) {
         uint8_t* row = tile + (row0 + warp * 16 + lane / 4 + 8 * below) * 128 + 4 * (lane % 4);
         auto at = [&](int j) {
-            return (__nv_bfloat162*)(row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16));
+            return (__nv_bfloat162*)(row + swizzled(j, lane));
         };
 #pragma unroll
         for (int first = 0; first != chunks; first += run) {
@@ -275,8 +278,7 @@ __device__ __forceinline__ void finish_direct(float const (&sums)[held], uint8_t
                 int const j = first + c;
                 float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
                 if (epilogue == uform_hopper_gelu_backward_k) {
-                    float2 up = __bfloat1622float2(
-                        *(__nv_bfloat162 const*)(aux_row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16)));
+                    float2 up = __bfloat1622float2(*(__nv_bfloat162 const*)(aux_row + swizzled(j, lane)));
                     x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
                 }
                 if (epilogue == uform_hopper_gelu_k) sums_kept[c] = packed(x), x = make_float2(gelu(x.x), gelu(x.y));
