@@ -1416,10 +1416,10 @@ def loader_verdict(path: str) -> Optional[str]:
     little: `Encoder.load` also checks the config, every tensor's name, dtype and shape against it, and
     that the data holds them all, as any reader of the file would."""
     try:
-        with uform.Executor.for_ram(threads=1) as executor, uform.Encoder.load(path, executor):
+        with uform.Executor.for_ram(threads=1) as executor, _load_encoder(path, executor):
             return None
-    except InvalidArgument as error:  # the library names the path `path`; the user gave it as CHECKPOINT
-        return re.sub(r"^path: ", "", str(error))
+    except InvalidArgument as error:  # the caller names CHECKPOINT itself
+        return re.sub(r"^CHECKPOINT: ", "", str(error))
 
 
 def info(path: str, as_json: bool) -> int:
