@@ -65,6 +65,7 @@ def test_the_demos_pairs_hold_nothing_of_the_environment(monkeypatch):
     monkeypatch.setenv("UFORM_TEST_MARKER", "a value no signature holds")
     pairs = demo.stdlib_pairs()
     assert len(pairs) > 1000 and not any("a value no signature holds" in text for pair in pairs for text in pair)
+    assert not any(sys.executable in text for pair in pairs for text in pair)  # nor the interpreter's path
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):

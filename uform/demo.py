@@ -83,9 +83,11 @@ def _stdlib_pairs():
                 candidates.append((f"{module_name}.{name}", value))
         for qualified_name, value in candidates:
             try:
-                # Defaults like `<object object at 0x7f...>` carry addresses, and `environ=os.environ` the whole
-                # environment (secrets too): both dropped, so every run and shell sees the same text.
+                # Defaults like `<object object at 0x7f...>` carry addresses, `environ=os.environ` the whole
+                # environment (secrets too) and `executable=sys.executable` this Python's path: all dropped, so
+                # every run, shell and environment sees the same text.
                 signature = f"{qualified_name}{inspect.signature(value)}".replace(repr(os.environ), "os.environ")
+                signature = signature.replace(repr(sys.executable), "sys.executable")
                 signature = re.sub(r" at 0x[0-9a-fA-F]+", "", signature)
                 doc = inspect.getdoc(value)
             except (TypeError, ValueError):
