@@ -43,11 +43,12 @@ def pair_batch():
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_c_program_misusing_handles_is_refused_every_time(tmp_path):
-    library_dir = os.path.dirname(uform.__file__)
+    from uform.__main__ import PACKAGE, openblas_flags
+
     program = str(tmp_path / "misuse")
     subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-pedantic", "-pthread", os.path.join(HERE, "c", "misuse.c"),
-                    "-I", HEADER_DIR, "-L", library_dir, "-luform", f"-Wl,-rpath,{library_dir}", "-o", program],
-                   check=True)
+                    "-I", HEADER_DIR, "-L", PACKAGE, "-luform", f"-Wl,-rpath,{PACKAGE}", *openblas_flags(), "-o",
+                    program], check=True)
     result = subprocess.run([program, str(tmp_path / "misuse.safetensors")], capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr

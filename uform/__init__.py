@@ -36,8 +36,28 @@ import numpy as np
 _wait_chosen = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
 if not _wait_chosen:
     os.environ["OMP_WAIT_POLICY"] = "passive"
+
+
+def _load_openblas():
+    """Loads OpenBLAS from the `scipy-openblas32` wheel by its full path, so that libuform, which names
+    it, finds it loaded: an editable install's libuform lives in the checkout, where its run path
+    (beside the wheel in site-packages) leads nowhere."""
+    import ctypes
+
+    import scipy_openblas32
+
+    ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so"),
+                mode=ctypes.RTLD_GLOBAL)
+
+
 try:
-    from . import _native
+    try:
+        from . import _native
+    except ImportError as missing:
+        if "libscipy_openblas" not in str(missing):
+            raise
+        _load_openblas()
+        from . import _native
 except ImportError as error:
     # A checkout's own `uform/` folder, first on sys.path when Python runs inside the checkout, shadows
     # the installed package and has no extension unless built in place; Python then blames a circular import.

@@ -20,6 +20,19 @@ def include_dir():
     return os.path.join(os.path.dirname(PACKAGE), "libuform", "include")
 
 
+def openblas_flags():
+    """Nothing where libuform's run path finds OpenBLAS beside the package in site-packages. An editable
+    install's libuform lies in the checkout, where that path leads nowhere, so the program then needs
+    OpenBLAS itself, by the wheel's own folder: a program's run path serves its own needs alone."""
+    if os.path.isdir(os.path.join(os.path.dirname(PACKAGE), "scipy_openblas32", "lib")):
+        return []
+    import scipy_openblas32
+
+    folder = scipy_openblas32.get_lib_dir()
+    return [f"-L{folder}", "-Wl,--push-state,--no-as-needed", f"-l{scipy_openblas32.get_library()}",
+            "-Wl,--pop-state", f"-Wl,-rpath,{folder}"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m uform", description="Flags for C programs that use libuform.")
     parser.add_argument("--cflags", action="store_true", help="the compiler's flags: where uform.h is")
@@ -29,7 +42,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     words = ([include_dir()] if args.include_dir else []) + ([PACKAGE] if args.library_dir else [])
     words += [f"-I{include_dir()}"] if args.cflags else []
-    words += [f"-L{PACKAGE}", "-luform", f"-Wl,-rpath,{PACKAGE}"] if args.libs else []
+    words += [f"-L{PACKAGE}", "-luform", f"-Wl,-rpath,{PACKAGE}"] + openblas_flags() if args.libs else []
     if not words:
         parser.error("ask for at least one of --cflags, --libs, --include-dir, --library-dir")
     print(" ".join(words))
