@@ -375,6 +375,8 @@ def test_attention_backward_given_positions_is_the_gradient_before_the_turn(rng)
     turned = testing.rope_forward(qkv, positions)
     out, lse = testing.attention_forward(turned, SEGMENTS)
     d_qkv = testing.attention_backward(d_out, out, lse, turned, SEGMENTS, positions=positions)
+    again = testing.attention_backward(d_out, out, lse, turned, SEGMENTS, positions=positions, again=True)
+    assert np.array_equal(again, d_qkv)  # told its positions are the last call's, as later layers are
     numeric = numeric_gradient(lambda v: attention_reference(rope_reference(v, positions), SEGMENTS)[0], qkv, d_out)
     assert_close(d_qkv, numeric)
     assert not d_qkv[8].any()

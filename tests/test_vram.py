@@ -233,6 +233,10 @@ def test_attention_backward_turns_text_image_and_video_gradients_back(rng, atten
     gpu_d = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments,
                                        positions=positions, backend="vram")
     close(gpu_d, cpu_d, 2 * BF16)
+    # Told that its positions are the last call's (every layer's but the first), it reuses that call's turns.
+    again = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments,
+                                       positions=positions, backend="vram", again=True)
+    assert np.array_equal(again, gpu_d)
     unturned = testing.attention_backward(d_out, testing.round_to("vram", gpu), statistics, qkv, segments,
                                           backend="vram")
     assert not np.allclose(unturned, gpu_d, atol=0.1)  # the turn is taken, not left out

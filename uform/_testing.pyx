@@ -456,17 +456,27 @@ def attention_forward(qkv, segments, out=None, lse=None, int threads=2, backend=
     return s.get(<size_t>result, (tokens, hidden), ACT), s.get(<size_t>statistics, shape)
 
 
-def attention_backward(d_out, out, statistics, qkv, segments, positions=None, int threads=2, backend="ram"):
+def attention_backward(d_out, out, statistics, qkv, segments, positions=None, int threads=2, backend="ram",
+                       bint again=False):
     """Returns d_qkv, which the operation writes whole (NaN-filled before, to prove it). Given the `positions` that
-    turned qkv's queries and keys (`rope_forward`), the gradient of qkv before the turn."""
+    turned qkv's queries and keys (`rope_forward`), the gradient of qkv before the turn. `again` returns a second
+    call's, told that its positions are the first's (as a backward pass tells every layer's call but the first)."""
     table = _segments(segments)
     cdef size_t tokens = qkv.shape[0], hidden = qkv.shape[1] // 3
     cdef Session s = _attention_session(backend, threads, table, tokens, hidden)
     cdef uform_items_t items = _items(s, table)
     cdef void* d_qkv = s.put(np.full(qkv.shape, np.nan, np.float32), ACT)
     cdef uint32_t* turns = NULL if positions is None else <uint32_t*>s.put(np.ascontiguousarray(positions, np.uint32))
-    s.check(s.backend.attention_backward(s.context, d_qkv, s.put(d_out, ACT), s.put(out, ACT),
-                                         <float*>s.put(statistics), s.put(qkv, ACT), turns, 0, &items, tokens, hidden))
+    cdef void* d_out_pointer = s.put(d_out, ACT)
+    cdef void* out_pointer = s.put(out, ACT)
+    cdef float* statistics_pointer = <float*>s.put(statistics)
+    cdef void* qkv_pointer = s.put(qkv, ACT)
+    cdef int call
+    for call in range(2 if again else 1):
+        if call:
+            d_qkv = s.put(np.full(qkv.shape, np.nan, np.float32), ACT)
+        s.check(s.backend.attention_backward(s.context, d_qkv, d_out_pointer, out_pointer, statistics_pointer,
+                                             qkv_pointer, turns, call, &items, tokens, hidden))
     return s.get(<size_t>d_qkv, qkv.shape, ACT)
 
 

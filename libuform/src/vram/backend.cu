@@ -109,6 +109,7 @@ uform_status_t uform_vram_context_create(void* device_, uform_plan_t const* plan
     status = uform_vram_matmul_open(context);
     if (status == uform_status_success_k) status = uform_vram_attention_open(context);
     if (status == uform_status_success_k && plan->layout) status = uform_vram_adamw_plan(context);
+    context->records = context->records && status == uform_status_success_k && uform_vram_attention_recordable(context);
     if (status != uform_status_success_k) {
         uform_vram_context_destroy(context);
         return status;
@@ -135,11 +136,19 @@ uform_status_t uform_vram_record_end(void* context_, unsigned slot, int keep) {
     if (!context->recording) return uform_status_success_k;
     context->recording = false;
     cudaGraph_t graph = nullptr;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaError_t spoiled = cudaStreamIsCapturing(context->stream, &capturing);
     cudaError_t error = cudaStreamEndCapture(context->stream, &graph);
     if (!keep || error != cudaSuccess) {
         if (graph) cudaGraphDestroy(graph);
         (void)cudaGetLastError();
-        return keep ? uform_vram_check(error, "cudaStreamEndCapture") : uform_status_success_k;
+        if (!keep) return uform_status_success_k;
+        /* An operation the recording refused (whose own status may have gone unread) spoils it: say so. */
+        if (spoiled == cudaSuccess && capturing == cudaStreamCaptureStatusInvalidated)
+            return uform_vram_fail(NULL, uform_status_device_k,
+                                   "a step's recording as a CUDA graph was spoiled by an operation a recording does "
+                                   "not allow (UFORM_STEP_GRAPH=1): %s", cudaGetErrorString(error));
+        return uform_vram_check(error, "cudaStreamEndCapture");
     }
     slot %= uform_fences_k / 2;
     cudaGraphExec_t& recorded = context->recorded[slot];

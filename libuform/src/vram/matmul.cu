@@ -44,7 +44,7 @@ struct uform_vram_products_t {
     uform_hopper_encoder_t hopper = nullptr; /* the tensor-map encoder, where the library's Hopper kernels run */
     int tile_n = 128;                        /* their tiles' columns */
     bool direct = false;                     /* their results stored from registers */
-    bool whole = false;                      /* cuBLASLt's bf16 products never split over k */
+    int whole = 0;                           /* cuBLASLt's products unsplit over k: 1 the bf16 ones, 2 all */
 };
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
@@ -214,12 +214,19 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
                                                                       &workspace, sizeof(workspace)),
                                  "cublasLtMatmulPreferenceSetAttribute");
     uint32_t unsplit = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (status == uform_status_success_k && !float_output && ((uform_vram_products_t*)context->matmuls)->whole)
+    bool unsplit_asked = ((uform_vram_products_t*)context->matmuls)->whole > (float_output ? 1 : 0);
+    if (status == uform_status_success_k && unsplit_asked)
         status = uform_vram_blas(cublasLtMatmulPreferenceSetAttribute(preference,
                                                                       CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                                       &unsplit, sizeof(unsplit)),
                                  "cublasLtMatmulPreferenceSetAttribute (reduction)");
-    if (status == uform_status_success_k) status = uform_vram_choose(context, shape, product, preference);
+    bool ready = status == uform_status_success_k;
+    if (ready) status = uform_vram_choose(context, shape, product, preference);
+    if (ready && status != uform_status_success_k && unsplit_asked) { /* none unsplit: any, as without the trial */
+        uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
+        cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof(any));
+        status = uform_vram_choose(context, shape, product, preference);
+    }
     if (preference) cublasLtMatmulPreferenceDestroy(preference);
     if (status != uform_status_success_k) {
         delete product;
@@ -283,9 +290,9 @@ uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
     char const* stores = getenv("UFORM_HOPPER_STORES");
     products->direct = stores && !strcmp(stores, "registers");
     /* UFORM_BLAS_WHOLE=1 keeps cuBLASLt from splitting its bf16 products over k (where it zeroes a workspace
-       first: a memset and a launch more a product), to compare. */
+       first: a memset and a launch more a product), =2 its float32 weight gradients too, to compare. */
     char const* whole = getenv("UFORM_BLAS_WHOLE");
-    products->whole = whole && !strcmp(whole, "1");
+    products->whole = whole && (!strcmp(whole, "1") || !strcmp(whole, "2")) ? whole[0] - '0' : 0;
     cublasLtHandle_t handle = nullptr;
     uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
     context->blas = handle;

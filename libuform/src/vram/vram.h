@@ -71,6 +71,9 @@ size_t uform_vram_late_interaction_scratch(uform_plan_t const* plan);
 uform_status_t uform_vram_matmul_open(uform_vram_context_t* context);
 void uform_vram_matmul_close(uform_vram_context_t* context);
 uform_status_t uform_vram_attention_open(uform_vram_context_t* context);
+/** Whether a step's attention can be recorded as part of a graph: the own kernels can; cuDNN's plans its graphs and
+ *  sizes its workspace (a synchronize and an allocation) on first meeting a shape of items, which a recording refuses. */
+bool uform_vram_attention_recordable(uform_vram_context_t const* context);
 /** Lays out `items` for cuDNN: lengths (count), and offsets (count + 1) of their qkv and output rows. */
 uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t* lengths, int64_t* ragged_qkv,
                                          int64_t* ragged_o, uform_items_t const* items, size_t hidden);
