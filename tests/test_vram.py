@@ -215,6 +215,20 @@ def test_attention(rng, attention, lengths):
     assert np.array_equal(again, gpu_d)  # the deterministic backward
 
 
+@pytest.mark.parametrize("ring", ["3", "4"])
+def test_attention_forward_through_a_deeper_ring_gives_the_same_bits(rng, monkeypatch, ring):
+    """UFORM_ATTENTION_RING streams the own forward's keys and values through more stages: when tiles land changes,
+    not what is summed in what order."""
+    lengths = [512] * 6 + [1, 300, 129]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    segments, tokens, hidden = list(zip(starts, lengths)), sum(lengths), 256
+    qkv = act(rng, tokens, 3 * hidden, scale=1.5)
+    out, statistics = testing.attention_forward(qkv, segments, backend="vram")
+    monkeypatch.setenv("UFORM_ATTENTION_RING", ring)
+    deeper, deeper_statistics = testing.attention_forward(qkv, segments, backend="vram")
+    assert np.array_equal(deeper, out) and np.array_equal(deeper_statistics, statistics)
+
+
 def test_attention_backward_turns_text_image_and_video_gradients_back(rng, attention):
     """Given the positions that turned q and k, the backward pass gives the gradient before the turn (the own kernels
     turn d q and d k back as they write them): items of text, image patches and video tubelets, against the CPU."""

@@ -45,19 +45,20 @@
 
 namespace uform_flash {
 
-constexpr int width = 64, block_q = 128, block_k = 128, stages = 2;
+constexpr int width = 64, block_q = 128, block_k = 128, stages = 2; /* stages: the backward passes' ring */
 constexpr int consumers = 128, threads = 3 * consumers; /* two warpgroups multiply, one thread of the third loads */
 constexpr unsigned box_bytes = 128 * width * 2;         /* 128 rows of one head: 16 KiB */
 constexpr unsigned turns_bytes = block_q * (width / 2) * sizeof(float2); /* a unit's cosines and sines: 32 KiB */
 constexpr size_t keys_extra = 2 * stages * 2 * block_q * sizeof(float); /* the keys' pass's statistics */
 
-/** A block's shared memory (`layout_t`): its two buffers of `resident` tiles and their turns, the ring, `extra`,
- *  the barriers. */
-constexpr size_t block_bytes(int resident, size_t extra) {
-    return 1024 /* alignment */ + 2 * (resident * box_bytes + turns_bytes) + 2 * stages * box_bytes + extra +
-           (4 + 2 * stages) * 8 + 8;
+/** A block's shared memory (`layout_t`): its two buffers of `resident` tiles and their turns (where `turned`), the
+ *  ring of `ring` stages, `extra`, the barriers. */
+constexpr size_t block_bytes(int resident, size_t extra, int ring = stages, bool turned = true) {
+    return 1024 /* alignment */ + 2 * (resident * box_bytes + (turned ? turns_bytes : 0)) + 2 * ring * box_bytes +
+           extra + (4 + 2 * ring) * 8 + 8;
 }
 static_assert(block_bytes(3, 0) <= 227 * 1024, "the queries' pass fits a multiprocessor's shared memory");
+static_assert(block_bytes(1, 0, 4, false) <= 227 * 1024, "the forward's deepest ring fits too");
 
 struct arguments_t {
     __nv_bfloat16* out;       /* forward: (tokens, hidden) */
@@ -154,13 +155,13 @@ __device__ __forceinline__ bool unit_at(arguments_t const& args, int index, unit
 }
 
 /*  A block's shared memory: two buffers of its units' `resident` tiles (one being used while the next unit's load),
-    each followed by the unit's rows of the turns where there are turns, the ring of `stages` pairs of tiles streamed
-    past them, the caller's `extra` bytes, then the barriers. */
+    each followed by the unit's rows of the turns where the kernel takes turns (`turned`), the ring of `ring` pairs of
+    tiles streamed past them, the caller's `extra` bytes, then the barriers. */
 struct layout_t {
     uint8_t* resident[2];
     uint8_t* ring;
     uint8_t* extra;
-    uint64_t *resident_full, *resident_empty, *full, *empty; /* [2], [2], [stages], [stages] */
+    uint64_t *resident_full, *resident_empty, *full, *empty; /* [2], [2], [ring], [ring] */
     int* taken; /* [2]: the unit each resident buffer holds; `units` or more for none left */
 };
 
@@ -170,19 +171,20 @@ __device__ __forceinline__ float2 const* turns_after(uint8_t const* tiles) {
     return (float2 const*)(tiles + resident * box_bytes);
 }
 
-template <int resident>
+template <int resident, int ring = stages, bool turned = true>
 __device__ __forceinline__ layout_t lay_out(uint8_t* raw, size_t extra) {
     layout_t l;
     uint8_t* base = raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
-    l.resident[0] = base, l.resident[1] = base + resident * box_bytes + turns_bytes;
-    l.ring = base + 2 * (resident * box_bytes + turns_bytes);
-    l.extra = l.ring + 2 * stages * box_bytes;
+    size_t const buffer = resident * box_bytes + (turned ? turns_bytes : 0);
+    l.resident[0] = base, l.resident[1] = base + buffer;
+    l.ring = base + 2 * buffer;
+    l.extra = l.ring + 2 * ring * box_bytes;
     l.resident_full = (uint64_t*)(l.extra + extra);
-    l.resident_empty = l.resident_full + 2, l.full = l.resident_empty + 2, l.empty = l.full + stages;
-    l.taken = (int*)(l.empty + stages);
+    l.resident_empty = l.resident_full + 2, l.full = l.resident_empty + 2, l.empty = l.full + ring;
+    l.taken = (int*)(l.empty + ring);
     if (threadIdx.x == 0) {
         for (int b = 0; b != 2; ++b) barrier_init(&l.resident_full[b], 1), barrier_init(&l.resident_empty[b], 8);
-        for (int s = 0; s != stages; ++s) barrier_init(&l.full[s], 1), barrier_init(&l.empty[s], 8);
+        for (int s = 0; s != ring; ++s) barrier_init(&l.full[s], 1), barrier_init(&l.empty[s], 8);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -196,7 +198,7 @@ __device__ __forceinline__ layout_t lay_out(uint8_t* raw, size_t extra) {
     more of them), and for each, its `resident` tiles (the unit's 128 tokens; `resident_box(unit, i)` gives tile i's
     map and column), then the item's blocks of 128 tokens of two streamed tiles each (`streamed_box`) through the
     ring, one pass round the ring continuing the last. Which block computes a unit changes nothing in its result. */
-template <int resident, typename resident_t, typename streamed_t>
+template <int resident, int ring, typename resident_t, typename streamed_t>
 __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l, resident_t resident_box,
                                      streamed_t streamed_box) {
     unsigned entry = 0;
@@ -228,8 +230,8 @@ __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l,
                            "r"(shared_address(&l.resident_full[b]))
                          : "memory");
         for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
-            int stage = entry % stages;
-            barrier_wait(&l.empty[stage], ((entry / stages) & 1) ^ 1);
+            int stage = entry % ring;
+            barrier_wait(&l.empty[stage], ((entry / ring) & 1) ^ 1);
             barrier_expect(&l.full[stage], 2 * box_bytes);
             for (int i = 0; i != 2; ++i) {
                 box_t box = streamed_box(unit, i);
@@ -241,11 +243,11 @@ __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l,
 }
 
 /** The loading warpgroup's part: it gives its registers up, and its first thread loads. */
-template <int resident, typename resident_t, typename streamed_t>
+template <int resident, int ring = stages, typename resident_t, typename streamed_t>
 __device__ __forceinline__ void loader(arguments_t const& args, layout_t const& l, resident_t resident_box,
                                        streamed_t streamed_box) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 2 * consumers) load<resident>(args, l, resident_box, streamed_box);
+    if (threadIdx.x == 2 * consumers) load<resident, ring>(args, l, resident_box, streamed_box);
 }
 
 /** A multiplying warpgroup's sequence over the units its loading thread took: `step(unit, resident tiles, ring
@@ -271,14 +273,16 @@ __device__ __forceinline__ void multiply_units(arguments_t const& args, layout_t
 #endif
 
 /*  The forward pass: out and lse for 128 queries of an item and a head (resident: q), over the item's
-    keys and values (streamed), the softmax kept online: each block of scores moves the running
+    keys and values (streamed through a ring of `ring` stages: it takes no turns, so it has room for more
+    than the backward passes' two), the softmax kept online: each block of scores moves the running
     maximum, rescales the running sum and output, and adds its own. */
+template <int ring>
 __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensorMap const qkv, arguments_t args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t raw[];
-    layout_t const l = lay_out<1>(raw, 0);
+    layout_t const l = lay_out<1, ring, false>(raw, 0);
     if (threadIdx.x >= 2 * consumers)
-        return loader<1>(args, l, [&](unit_t const& unit, int) { return box_t{&qkv, unit.head * width}; },
+        return loader<1, ring>(args, l, [&](unit_t const& unit, int) { return box_t{&qkv, unit.head * width}; },
                          [&](unit_t const& unit, int i) { return box_t{&qkv, (1 + i) * args.hidden + unit.head * width}; });
     int const group = threadIdx.x / consumers, lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
     multiply_units(args, l, [&](unit_t const& unit, uint8_t const* tiles, unsigned& entry) {
@@ -287,11 +291,11 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
         for (int i = 0; i != 32; ++i) o[i] = 0;
         uint8_t const* q_rows = tiles + group * 64 * 128;
         for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
-            int stage = entry % stages;
+            int stage = entry % ring;
             uint8_t const* k_rows = l.ring + 2 * stage * box_bytes;
             uint8_t const* v_rows = k_rows + box_bytes;
             float s[64];
-            barrier_wait(&l.full[stage], (entry / stages) & 1);
+            barrier_wait(&l.full[stage], (entry / ring) & 1);
             take_turn(group);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -614,11 +618,12 @@ static inline cudaError_t launch(void (*kernel)(Parameters...), dim3 shape, size
 
 /** Launches the forward pass on `stream`: out (tokens, hidden) for the items' rows and lse (heads, stride). `segments`
  *  holds `count` items as (start, length, -, -) on the device; `longest` is the longest item's length; `counter` is
- *  two words of device memory, zeros before the first launch, that every launch leaves zeros. */
+ *  two words of device memory, zeros before the first launch, that every launch leaves zeros. `ring`: the stages of
+ *  keys and values in flight, 2 to 4. */
 static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                               bool dependent, __nv_bfloat16* out, float* lse, __nv_bfloat16 const* qkv,
                                               uint32_t const* segments, size_t count, size_t longest, size_t tokens,
-                                              size_t hidden, size_t stride, unsigned* counter) {
+                                              size_t hidden, size_t stride, unsigned* counter, int ring = 2) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {out, nullptr, lse, nullptr, segments, counter};
     dim3 shape;
@@ -626,7 +631,9 @@ static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;
     CUtensorMap qkv_map;
     if (!uform_hopper_map(encode, &qkv_map, qkv, tokens, 3 * hidden, block_q)) return cudaErrorInvalidValue;
-    return launch(forward, shape, block_bytes(1, 0), stream, dependent, qkv_map, args);
+    if (ring == 3) return launch(forward<3>, shape, block_bytes(1, 0, 3, false), stream, dependent, qkv_map, args);
+    if (ring == 4) return launch(forward<4>, shape, block_bytes(1, 0, 4, false), stream, dependent, qkv_map, args);
+    return launch(forward<2>, shape, block_bytes(1, 0, 2, false), stream, dependent, qkv_map, args);
 }
 
 /** Launches both backward passes on `stream`: d_qkv's rows of the items (other rows untouched), through delta
