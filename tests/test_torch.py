@@ -36,6 +36,7 @@ def train(cpu, path, late):
     """A tiny model trained a few steps on the CPU backend, saved whole and weights-only."""
     config = dict(depth=2, hidden=128, objective=uform.Objective.JOINT, seed=11,
                   schedule=dict(steps=100, warmup_steps=2, learning_rate=3e-3),
+                  contrastive=dict(matryoshka_dimensions=[64, 128]),
                   batch=dict(max_rows_per_device=8, max_columns_per_row=64))
     batch = dict(modalities=[uform.Modality.TEXT] * 4, contents=["red panda", "bamboo", "bright star", "night sky"],
                  relations=dict(attract=uform.Edges([0, 1, 2, 3, 4], [1, 0, 3, 2])))
@@ -272,11 +273,14 @@ def test_save_raises_storage_error_naming_the_path_as_trainer_save_does(cpu, che
                                           batch=dict(max_rows_per_device=2, max_columns_per_row=16))) as trainer:
         with pytest.raises(uform.StorageError) as library:
             trainer.save(path)
+        with pytest.raises(uform.InvalidArgument) as library_folder:
+            trainer.save(str(tmp_path))
     with pytest.raises(uform.StorageError) as ours:
         uform_torch.save(module, path)
     assert str(ours.value) == str(library.value) == f"path: cannot write {path}: No such file or directory"
-    with pytest.raises(uform.StorageError, match=f"path: cannot write {tmp_path}: Is a directory"):
+    with pytest.raises(uform.InvalidArgument) as ours_folder:
         uform_torch.save(module, tmp_path)
+    assert str(ours_folder.value) == str(library_folder.value) == f"path: {tmp_path} names a folder, not a file"
     assert os.listdir(tmp_path) == []  # no temporary file left behind
 
 
@@ -357,8 +361,13 @@ def test_bad_inputs_are_refused_by_name(checkpoints):
         plain.embed(["a", ""])
     with pytest.raises(uform.InvalidArgument, match=r"items\[0\]: cannot be encoded as UTF-8"):
         plain.embed(["\ud800"])
-    with pytest.raises(uform.InvalidArgument, match="dimensions: 129 is not a width"):
-        plain.embed(["a"], dimensions=129)
+    for width in (129, 32, 100):  # a width the run did not train is no Matryoshka prefix
+        with pytest.raises(uform.InvalidArgument, match=f"^dimensions: {width} is not a width this checkpoint's run "
+                                                        r"trained: 64, 128 \(its contrastive.matryoshka_dimensions"):
+            plain.embed(["a"], dimensions=width)
+    with pytest.raises(uform.InvalidArgument, match=r"^batch_size: 1.5 is not a positive int"):
+        plain.embed(["a"], batch_size=1.5)
+    assert torch.equal(plain.embed([np.frombuffer(b"red panda", np.uint8)]), plain.embed(["red panda"]))
     with pytest.raises(uform.InvalidArgument, match=r"choices\[0\]: byte 121 is offered twice"):
         plain.text_choose(["a"], ["yny"])
     with pytest.raises(uform.InvalidArgument, match=r"choices\[1\]: empty"):
@@ -382,9 +391,9 @@ def test_tensor_level_inputs_are_refused_naming_the_argument_and_the_limit(check
              ((tokens, torch.tensor([9, 0])), r"^lengths\[1\]: 0 is not in \[1, seq = 9\]; every item has at least one"),
              ((tokens, torch.tensor([10, 6])), r"^lengths\[0\]: 10 is not in \[1, seq = 9\]"),
              ((tokens, lengths[:1]), r"^lengths: 1 entry, expected 2, one per row of tokens$"),
-             ((tokens.float(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.float32"),
-             ((tokens[0], lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got torch.int64 of shape \(9,\)"),
-             ((tokens.tolist(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64, got list$")]
+             ((tokens.float(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64 or int32, got torch.float32"),
+             ((tokens[0], lengths), r"^tokens: expected a \(batch, seq\) tensor of int64 or int32, got torch.int64 of shape \(9,\)"),
+             ((tokens.tolist(), lengths), r"^tokens: expected a \(batch, seq\) tensor of int64 or int32, got list$")]
     with torch.no_grad():
         for verb in (module.forward, module.states, module.token_vectors, module.choice_logits):
             for arguments, message in cases:
@@ -433,6 +442,7 @@ from test_media import clip, needs, needs_format, picture, png_bytes, tone, wav_
 
 MEDIA_CONFIG = dict(depth=2, hidden=128, objective=uform.Objective.JOINT, seed=7,
                     schedule=dict(steps=100, warmup_steps=2, learning_rate=3e-3),
+                    contrastive=dict(matryoshka_dimensions=[64, 128]),
                     batch=dict(max_rows_per_device=8, max_columns_per_row=64, image=dict(patch_side=8),
                                video=dict(patch_side=8, tube_frames=2), audio=dict(chunk_samples=200)),
                     late_interaction=dict(weight=1.0, width=32, max_query_span=12))
@@ -611,6 +621,70 @@ def test_text_read_as_items_embeds_as_text(checkpoints):
         assert torch.equal(module.embed(TEXTS, ["text"] * len(TEXTS)), module.embed(TEXTS))
         assert all(torch.equal(a, b) for a, b in zip(module.embed_tokens(TEXTS, ["text"] * len(TEXTS), SIDES),
                                                      module.embed_tokens(TEXTS, sides=SIDES)))
+
+
+def test_packed_items_are_what_the_item_level_verbs_read(media_checkpoint):
+    module = uform_torch.load(media_checkpoint)
+    contents, modalities = media_items()
+    with torch.no_grad():
+        packed = module.pack(contents, modalities)
+        assert torch.allclose(module(*packed), module.embed(contents, modalities), atol=1e-6)
+        vectors = module.token_vectors(*packed)
+        assert all(torch.allclose(vectors[i, :len(v)], v, atol=1e-6)
+                   for i, v in enumerate(module.embed_tokens(contents, modalities)))
+        assert module.pack(["a", "bc"]).media is None
+
+
+def test_media_that_do_not_fit_the_tokens_are_refused_by_name(media_checkpoint):
+    """Left out, short, doubled or placed on text, media tokens would be embedded wrong without a word; PyTorch's
+    own errors would name no argument."""
+    module = uform_torch.load(media_checkpoint)
+    tokens, lengths, media = module.pack([pictures()[0], "ab", sounds()[0]], ["image", "text", "audio"])
+    values, places, rotary = media
+    image = values[0].shape[0]  # 6 patches in row 0
+    seq = tokens.shape[1]
+
+    def replaced(values=values, places=places, rotary=rotary):
+        return uform_torch.Media(tuple(values), tuple(places), rotary)
+
+    cases = [(None, r"^tokens\[0, 0\]: MEDIA_ID \(259\) with no media to give its value; `pack` builds"),
+             ("x", r"^media: expected a uform.torch.Media \(values, places, rotary\), got str"),
+             (replaced(values=values[:2]), r"^media.values: expected 3 tensors \(image, video, audio\), got tuple"),
+             (replaced(values=(values[0][:5], values[1], values[2])), r"^media.places\[0\]: 6 entries, expected 5"),
+             (replaced(values=(values[0][:, :7], values[1], values[2])),
+              r"^media.values\[0\]: expected floats \(image tokens, 192\), got torch.float32 of shape \(6, 7\)"),
+             (replaced(places=(places[0].int(), places[1], places[2])), r"^media.places\[0\]: expected a \(tokens,\) "
+                                                                          "tensor of int64, got torch.int32"),
+             (replaced(places=(places[0] * 0, places[1], places[2])), r"^media.places: tokens\[0, 0\] is named by 6 places"),
+             (replaced(places=(places[0] + seq, places[1], places[2])),
+              r"^media.places: tokens\[0, 0\] holds MEDIA_ID within its item, and no place names it"),
+             (replaced(places=(places[0] + 100 * seq, places[1], places[2])), r"^media.places\[0\]\[0\]: \d+ is not a place"),
+             (replaced(rotary=None), r"^media.rotary: expected a \(3, \d+, 32\) tensor of int64, got NoneType"),
+             (replaced(rotary=rotary.clamp(max=0) - 1), r"^media.rotary\[0, 0, 0\]: -1 is not an angle's index")]
+    with torch.no_grad():
+        for verb in (module.forward, module.states, module.token_vectors):
+            for media_given, message in cases:
+                with pytest.raises(uform.InvalidArgument, match=message):
+                    verb(tokens, lengths, media_given)
+        shifted = torch.cat([tokens[1:2], tokens[:1], tokens[2:]])  # row 1 now holds the image, row 0 the text
+        with pytest.raises(uform.InvalidArgument, match=r"^media.places: tokens\[0, 0\] is named, but holds 97, not MEDIA_ID"):
+            module(shifted, torch.stack([lengths[1], lengths[0], lengths[2]]), media)
+        assert module(tokens, lengths, media).shape == (3, 128)
+
+
+def test_save_keeps_a_runs_checkpoint(checkpoints, tmp_path):
+    module = uform_torch.load(checkpoints["plain"])
+    with pytest.raises(uform.InvalidArgument, match=r"holds a whole checkpoint, from which a run resumes; this "
+                                                    "weights-only save would lose its moments"):
+        uform_torch.save(module, checkpoints["plain"])
+    weights = str(tmp_path / "weights.safetensors")
+    shutil.copy(checkpoints["plain_weights"], weights)
+    uform_torch.save(module, weights.encode())  # over weights only, by a bytes path: nothing of a run's is lost
+    assert torch.equal(uform_torch.load(weights.encode()).final_norm, module.final_norm)
+    with pytest.raises(uform.InvalidArgument, match=r"^path: expected a str, bytes or os.PathLike, got NoneType"):
+        uform_torch.load(None)
+    with pytest.raises(uform.InvalidArgument, match=r"^dtype: expected a floating torch.dtype"):
+        uform_torch.load(weights, dtype=torch.int32)
 
 
 def test_bad_media_are_refused_by_name(media_checkpoint):

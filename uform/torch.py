@@ -37,6 +37,7 @@ except ImportError as error:  # the core package works without it; only this mod
     raise ImportError(f"uform.torch needs PyTorch: pip install torch (the CPU build: pip install torch --index-url "
                       f"https://download.pytorch.org/whl/cpu) ({error})") from None
 
+import numpy as np
 from safetensors import safe_open
 from safetensors.torch import save as save_tensors
 
@@ -45,7 +46,7 @@ from .batch import wrong_count
 from .config import LateInteractionSide, Modality, enum_member
 from .errors import InvalidArgument, InvalidCheckpoint, StorageError, Unsupported
 
-__all__ = ["Encoder", "Tokenized", "Media", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID", "MEDIA_ID"]
+__all__ = ["Encoder", "Tokenized", "Packed", "Media", "load", "save", "MASK_ID", "CHOICE_ID", "QUERY_PAD_ID", "MEDIA_ID"]
 
 MASK_ID = 256  #: Shown at masked positions in training.
 CHOICE_ID = 257  #: The position after a text's content whose decoder logits choose.
@@ -71,7 +72,8 @@ class Tokenized(NamedTuple):
 
 class Media(NamedTuple):
     """The media tokens of a padded batch, which the tensor-level verbs read beside `tokens` (where
-    these tokens hold `MEDIA_ID`); `embed` and `embed_tokens` build it from encoded files.
+    these tokens hold `MEDIA_ID`); `Encoder.pack` builds it from encoded files, as `embed` does. The verbs
+    refuse, naming the field, media that would not give each `MEDIA_ID` token within an item one value.
 
     `values` and `places` hold one tensor per kind, image, video and audio in that order: the tokens'
     values (count, width) as `uform.media_tokens` answers them, and where each sits, as the index
@@ -84,6 +86,15 @@ class Media(NamedTuple):
     values: Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     places: Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     rotary: torch.Tensor
+
+
+class Packed(NamedTuple):
+    """Items as the tensor-level verbs read them (`Encoder.pack`): `tokens` and `lengths` as `Tokenized`'s,
+    and the rows' `Media`, or None where every item is text."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    media: Optional[Media]
 
 
 class _Decoded:
@@ -264,7 +275,8 @@ class Encoder(nn.Module):
     def states(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """The final-norm states (batch, seq, hidden) every head reads; zero past each length. `media`
         carries the batch's media tokens, where `tokens` holds any."""
-        self._check_tokens(tokens, lengths)
+        self._check_tokens(tokens, lengths, media is None)
+        self._check_media(tokens, lengths, media)
         seq = tokens.shape[1]
         present = torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]  # (batch, seq)
         x = F.embedding(tokens, self.text.embedding)
@@ -281,12 +293,13 @@ class Encoder(nn.Module):
             x = block(x, keys, cosines, sines)
         return _rmsnorm(x, self.final_norm) * present[..., None].to(x.dtype)
 
-    def _check_tokens(self, tokens: Any, lengths: Any) -> None:
+    def _check_tokens(self, tokens: Any, lengths: Any, text_alone: bool = True) -> None:
         """Refuses, naming the argument and the limit, what PyTorch would answer with an error of its own or,
-        for an empty item, with NaN. The values are read only when the call runs eagerly: a trace or an export
-        records the shapes alone (and bounds `seq` by its dynamic shapes)."""
+        for an empty item, with NaN, and where `text_alone` (no media given) a `MEDIA_ID` within an item, which
+        would be embedded as its id's row alone. The values are read only when the call runs eagerly: a trace
+        or an export records the shapes alone (and bounds `seq` by its dynamic shapes)."""
         for name, value, dimensions in (("tokens", tokens, ("batch", "seq")), ("lengths", lengths, ("batch",))):
-            expected = f"{name}: expected a ({', '.join(dimensions)}) tensor of int64"
+            expected = f"{name}: expected a ({', '.join(dimensions)}) tensor of int64 or int32"
             if not isinstance(value, torch.Tensor):
                 raise InvalidArgument(f"{expected}, got {type(value).__name__}")
             if value.dim() != len(dimensions) or value.dtype not in (torch.int64, torch.int32):
@@ -300,7 +313,9 @@ class Encoder(nn.Module):
         if _tracing() or batch == 0:
             return
         short_or_long, outside = (lengths < 1) | (lengths > seq), (tokens < 0) | (tokens >= VOCABULARY)
-        if not bool(short_or_long.any() | outside.any()):  # one read of the device for a good call
+        unmet = (tokens == MEDIA_ID) & (torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]) \
+            if text_alone else torch.zeros_like(outside)
+        if not bool(short_or_long.any() | outside.any() | unmet.any()):  # one read of the device for a good call
             return
         if bool(short_or_long.any()):
             at = int(short_or_long.nonzero()[0, 0])
@@ -310,6 +325,69 @@ class Encoder(nn.Module):
             row, position = (int(k) for k in outside.nonzero()[0])
             raise InvalidArgument(f"tokens[{row}, {position}]: {int(tokens[row, position])} is not an id in "
                                   f"[0, {VOCABULARY}), the checkpoint's vocabulary (padding included)")
+        row, position = (int(k) for k in unmet.nonzero()[0])
+        raise InvalidArgument(f"tokens[{row}, {position}]: MEDIA_ID ({MEDIA_ID}) with no media to give its value; "
+                              "`pack` builds tokens, lengths and media from items")
+
+    def _check_media(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Any) -> None:
+        """Refuses media that would not give each `MEDIA_ID` token within its item one value of its kind's width,
+        naming the field: left out, PyTorch would embed the id's row alone; on other tokens, in places twice or
+        too few, it answers a wrong embedding without a word. Values are read as `_check_tokens` reads them."""
+        batch, seq = tokens.shape
+        if media is not None:
+            if not isinstance(media, tuple) or len(media) != 3:
+                raise InvalidArgument(f"media: expected a uform.torch.Media (values, places, rotary), got "
+                                      f"{type(media).__name__}; `pack` builds one")
+            values, places, rotary = media
+            for field, parts in (("values", values), ("places", places)):
+                if not isinstance(parts, (tuple, list)) or len(parts) != 3 or \
+                        not all(isinstance(part, torch.Tensor) for part in parts):
+                    raise InvalidArgument(f"media.{field}: expected 3 tensors (image, video, audio), got "
+                                          f"{type(parts).__name__}")
+            for k, kind in enumerate(MEDIA_KINDS):
+                width = (self.image, self.video, self.audio)[k].projection.shape[1]
+                if values[k].dim() != 2 or values[k].shape[1] != width or not values[k].is_floating_point():
+                    raise InvalidArgument(f"media.values[{k}]: expected floats ({kind.value} tokens, {width}), got "
+                                          f"{values[k].dtype} of shape {tuple(values[k].shape)}")
+                if places[k].dim() != 1 or places[k].dtype != torch.int64:
+                    raise InvalidArgument(f"media.places[{k}]: expected a (tokens,) tensor of int64, got "
+                                          f"{places[k].dtype} of shape {tuple(places[k].shape)}")
+                if len(places[k]) != len(values[k]):
+                    raise wrong_count(f"media.places[{k}]", len(places[k]), len(values[k]),
+                                      f"one per row of media.values[{k}]")
+            if not isinstance(rotary, torch.Tensor) or tuple(rotary.shape) != (batch, seq, PAIRS) or \
+                    rotary.dtype != torch.int64:
+                raise InvalidArgument(f"media.rotary: expected a ({batch}, {seq}, {PAIRS}) tensor of int64, got "
+                                      + (f"{rotary.dtype} of shape {tuple(rotary.shape)}" if isinstance(rotary, torch.Tensor)
+                                         else type(rotary).__name__))
+        if _tracing() or batch == 0 or media is None:  # MEDIA_ID with no media: `_check_tokens` refuses it
+            return
+        present = torch.arange(seq, device=tokens.device)[None, :] < lengths[:, None]
+        wanted = ((tokens == MEDIA_ID) & present).flatten()
+        given = torch.zeros_like(wanted, dtype=torch.int64)
+        for k, part in enumerate(places):
+            outside = (part < 0) | (part >= batch * seq)
+            if bool(outside.any()):
+                at = int(outside.nonzero()[0, 0])
+                raise InvalidArgument(f"media.places[{k}][{at}]: {int(part[at])} is not a place in [0, batch * seq = "
+                                      f"{batch * seq})")
+            given = given.index_add(0, part.to(given.device), torch.ones_like(part, device=given.device))
+        wrong = (given != wanted.to(torch.int64)).nonzero()
+        if len(wrong):
+            row, position = divmod(int(wrong[0, 0]), seq)
+            count, token = int(given[wrong[0, 0]]), int(tokens[row, position])
+            where = f"media.places: tokens[{row}, {position}]"
+            if count == 0:
+                raise InvalidArgument(f"{where} holds MEDIA_ID within its item, and no place names it")
+            if count > 1:
+                raise InvalidArgument(f"{where} is named by {count} places; each media token is one")
+            raise InvalidArgument(f"{where} is named, but holds {token}, " + (
+                "not MEDIA_ID" if token != MEDIA_ID else f"past its item's length {int(lengths[row])}"))
+        outside = (rotary < 0) | (rotary >= self.rope_cosines.numel())
+        if bool(outside.any()):
+            row, position, pair = (int(k) for k in outside.nonzero()[0])
+            raise InvalidArgument(f"media.rotary[{row}, {position}, {pair}]: {int(rotary[row, position, pair])} is not "
+                                  f"an angle's index in [0, max_columns_per_row * {PAIRS} = {self.rope_cosines.numel()})")
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, media: Optional[Media] = None) -> torch.Tensor:
         """Pooled embeddings (batch, hidden): the mean of each item's final states, unit-norm."""
@@ -347,6 +425,13 @@ class Encoder(nn.Module):
         tokens, lengths, _ = self._pack(rows, device)
         return Tokenized(tokens, lengths, truncated)
 
+    def pack(self, items: Sequence[Any], modalities: Optional[Sequence[Any]] = None,
+             sides: Optional[Sequence[Any]] = None, device: Any = None) -> Packed:
+        """Items as the tensor-level verbs read them, on the module's device unless told: `module(*packed)` is
+        `embed`'s answer and `module.token_vectors(*packed)` `embed_tokens`', padded. `modalities` and `sides`
+        as `embed_tokens` reads them; `media` is None where every item is text."""
+        return Packed(*self._pack(self._rows(items, modalities, sides), device))
+
     def embed(self, items: Sequence[Any], modalities: Optional[Sequence[Any]] = None, dimensions: Optional[int] = None,
               batch_size: int = 64) -> torch.Tensor:
         """Pooled unit-norm embeddings (items, hidden) of items read as plain contents, as
@@ -355,9 +440,11 @@ class Encoder(nn.Module):
         as UTF-8, or bytes); an image, a video or a sound is its encoded file's bytes, decoded by the
         library under the checkpoint's batch shapes. Items run `batch_size` at a time, longest first,
         so each batch pads little."""
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or not 0 < dimensions <= self.hidden):
-            raise InvalidArgument(f"dimensions: {dimensions!r} is not a width from 1 to hidden = {self.hidden}")
+        trained = sorted({int(d) for d in (self.config.get("contrastive") or {}).get("matryoshka_dimensions") or ()}
+                         | {self.hidden})
+        if dimensions is not None and (isinstance(dimensions, bool) or dimensions not in trained):
+            raise InvalidArgument(f"dimensions: {dimensions!r} is not a width this checkpoint's run trained: "
+                                  f"{', '.join(map(str, trained))} (its contrastive.matryoshka_dimensions, and hidden)")
         rows = self._rows(items, modalities)
         pooled = self._batched(rows, batch_size, self.forward)
         if pooled.shape[0] == 0:
@@ -449,11 +536,11 @@ class Encoder(nn.Module):
         positions."""
         if side is not None and _side_queries(side, f"sides[{number}]"):
             raise InvalidArgument(f"sides[{number}]: only text items are queries; this media item may be a document")
-        if not isinstance(content, (bytes, bytearray, memoryview)):
+        if not _bytes_like(content):
             raise InvalidArgument(f"items[{number}]: expected the bytes of an encoded {kind.value} file, got "
                                   f"{type(content).__name__}")
         try:
-            values, grid = media_tokens(kind, content, self.config.get("batch"))
+            values, grid = media_tokens(kind, bytes(content), self.config.get("batch"))
         except (InvalidArgument, Unsupported) as error:  # `media_tokens` names its content; the caller knows it by index
             message = str(error)
             if message.startswith("content:"):
@@ -488,8 +575,8 @@ class Encoder(nn.Module):
     def _batched(self, rows: list, batch_size: int, verb: Any) -> torch.Tensor:
         """Runs `verb` over `batch_size` rows at a time, longest first, and answers its rows in item
         order, padded to the longest item where they have a sequence axis."""
-        if batch_size < 1:
-            raise InvalidArgument(f"batch_size: {batch_size} is not positive")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgument(f"batch_size: {batch_size!r} is not a positive int")
         lengths = torch.tensor([len(row) for row in rows], dtype=torch.int64)
         order = torch.argsort(lengths, descending=True, stable=True)
         longest = int(lengths.max()) if len(rows) else 0
@@ -519,7 +606,7 @@ def _contents(entries: Any, path: str, required: bool = False,
                 entry = entry.encode("utf-8")
             except UnicodeEncodeError as error:
                 raise InvalidArgument(f"{path}[{i}]: cannot be encoded as UTF-8 ({error.reason})") from None
-        elif isinstance(entry, (bytes, bytearray, memoryview)):
+        elif _bytes_like(entry):
             entry = bytes(entry)
         else:
             raise InvalidArgument(f"{path}[{i}]: expected str or bytes, got {type(entry).__name__}")
@@ -527,6 +614,20 @@ def _contents(entries: Any, path: str, required: bool = False,
             raise InvalidArgument(f"{path}[{i}]: empty; every item needs at least one byte")
         contents.append(entry)
     return contents
+
+
+def _bytes_like(entry: Any) -> bool:
+    """Bytes, as `uform.Encoder` takes them: bytes, a bytearray, a memoryview or a numpy array of uint8."""
+    return isinstance(entry, (bytes, bytearray, memoryview)) or (
+        isinstance(entry, np.ndarray) and entry.dtype == np.uint8 and entry.ndim == 1)
+
+
+def _path(path: Any) -> str:
+    """A path as str, from str, bytes or an `os.PathLike`; anything else refused by name."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise InvalidArgument(f"path: expected a str, bytes or os.PathLike, got {type(path).__name__}") from None
 
 
 def _side_queries(side: Any, path: str) -> bool:
@@ -619,10 +720,13 @@ def load(path: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> 
     unknown head) is refused by name: `uform.InvalidCheckpoint` or `uform.Unsupported`. A file that
     cannot be opened, or is no regular file, raises `uform.StorageError`, as `uform.Encoder.load` does.
     """
-    where = f"path: {os.fspath(path)!s}"
-    _check_opens(os.fspath(path))
+    path = _path(path)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InvalidArgument(f"dtype: expected a floating torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+    where = f"path: {path}"
+    _check_opens(path)
     try:
-        opened = safe_open(os.fspath(path), framework="pt", device="cpu")
+        opened = safe_open(path, framework="pt", device="cpu")
     except Exception as error:  # safetensors raises its own types for unreadable headers
         raise InvalidCheckpoint(f"{where} is not a readable safetensors file ({error})") from None
     with opened as file:
@@ -661,12 +765,30 @@ def save(module: Encoder, path: Any, note: Any = _KEEP) -> None:
     cannot be written raises `uform.StorageError` naming it, as `Trainer.save` does."""
     if not isinstance(module, Encoder):
         raise InvalidArgument(f"module: expected a uform.torch.Encoder, got {type(module).__name__}")
+    path = _path(path)
+    if os.path.isdir(path):
+        raise InvalidArgument(f"path: {path} names a folder, not a file")
+    if _whole(path):
+        raise InvalidArgument(f"path: {path} holds a whole checkpoint, from which a run resumes; this weights-only "
+                              "save would lose its moments: save elsewhere, or remove it first")
     note = module.note if note is _KEEP else note
     tensors = _checked_tensors(module)
     metadata = {"format": FORMAT, "step": str(module.step), "config": module.config_json, "weights_only": "true"}
     if note is not None and _note_bytes(note):
         metadata["note"] = note
-    _write_in_place(os.fsdecode(os.fspath(path)), save_tensors(tensors, metadata=metadata))
+    _write_in_place(path, save_tensors(tensors, metadata=metadata))
+
+
+def _whole(path: str) -> bool:
+    """Whether `path` holds a uform checkpoint that is not weights-only (one a run resumes from)."""
+    if not os.path.isfile(path):  # a pipe or a device is never opened to find out
+        return False
+    try:
+        with safe_open(path, framework="pt", device="cpu") as file:
+            metadata = file.metadata() or {}
+    except Exception:  # absent or unreadable: nothing of a run's to lose
+        return False
+    return metadata.get("format") == FORMAT and metadata.get("weights_only") != "true"
 
 
 def _checked_tensors(module: Encoder) -> dict:
