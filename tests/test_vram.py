@@ -215,18 +215,24 @@ def test_attention(rng, attention, lengths):
     assert np.array_equal(again, gpu_d)  # the deterministic backward
 
 
-@pytest.mark.parametrize("ring", ["3", "4"])
-def test_attention_forward_through_a_deeper_ring_gives_the_same_bits(rng, monkeypatch, ring):
-    """UFORM_ATTENTION_RING streams the own forward's keys and values through more stages: when tiles land changes,
-    not what is summed in what order."""
+@pytest.mark.parametrize("trial", ["UFORM_ATTENTION_RING=3", "UFORM_ATTENTION_RING=4", "UFORM_ATTENTION_FULL_BLOCKS=1"])
+def test_attention_trials_give_the_same_bits(rng, monkeypatch, trial):
+    """UFORM_ATTENTION_RING streams the own forward's keys and values through more stages, and
+    UFORM_ATTENTION_FULL_BLOCKS masks only the blocks of keys an item ends in: each changes when tiles land or
+    which instructions run, not what is summed in what order."""
     lengths = [512] * 6 + [1, 300, 129]
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     segments, tokens, hidden = list(zip(starts, lengths)), sum(lengths), 256
-    qkv = act(rng, tokens, 3 * hidden, scale=1.5)
-    out, statistics = testing.attention_forward(qkv, segments, backend="vram")
-    monkeypatch.setenv("UFORM_ATTENTION_RING", ring)
-    deeper, deeper_statistics = testing.attention_forward(qkv, segments, backend="vram")
-    assert np.array_equal(deeper, out) and np.array_equal(deeper_statistics, statistics)
+    qkv, d_out = act(rng, tokens, 3 * hidden, scale=1.5), act(rng, tokens, hidden)
+
+    def passes():
+        out, statistics = testing.attention_forward(qkv, segments, backend="vram")
+        return out, statistics, testing.attention_backward(d_out, testing.round_to("vram", out), statistics, qkv,
+                                                           segments, backend="vram")
+
+    plain = passes()
+    monkeypatch.setenv(*trial.split("="))
+    assert all(np.array_equal(a, b) for a, b in zip(passes(), plain))
 
 
 def test_attention_backward_turns_text_image_and_video_gradients_back(rng, attention):

@@ -62,6 +62,9 @@ void* uform_vram_hopper_attention(uform_vram_context_t* context) {
     /* UFORM_ATTENTION_RING=3 or 4 streams the forward's keys and values through that many stages, not 2: to compare. */
     char const* ring = getenv("UFORM_ATTENTION_RING");
     context->attention_ring = ring && (!strcmp(ring, "3") || !strcmp(ring, "4")) ? ring[0] - '0' : 2;
+    /* UFORM_ATTENTION_FULL_BLOCKS=1 masks only the blocks of keys an item ends in: to compare. */
+    char const* full = getenv("UFORM_ATTENTION_FULL_BLOCKS");
+    context->attention_full_blocks = full && !strcmp(full, "1");
     /* The counter starts at zero, and every launch leaves it so. */
     if (cudaMemsetAsync(uform_vram_attention_counter(context), 0, 2 * sizeof(unsigned), context->stream) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -77,7 +80,8 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
                                                 uform_vram_dependent_launches, (uform_bf16_t*)out, statistics,
                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
                                                 items->count, items->longest, tokens, hidden, tokens,
-                                                uform_vram_attention_counter(context), context->attention_ring),
+                                                uform_vram_attention_counter(context), context->attention_ring,
+                                                context->attention_full_blocks),
                             "the attention's forward pass");
 }
 
@@ -93,6 +97,6 @@ uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* contex
                                                  (uform_bf16_t const*)d_out, (uform_bf16_t const*)out, statistics,
                                                  (uform_bf16_t const*)qkv, turns, (uint32_t const*)items->segments,
                                                  items->count, items->longest, tokens, hidden, tokens,
-                                                 uform_vram_attention_counter(context)),
+                                                 uform_vram_attention_counter(context), context->attention_full_blocks),
                             "the attention's backward pass");
 }

@@ -71,6 +71,7 @@ struct arguments_t {
     int hidden, heads, stride; /* stride: at least the tokens */
     int blocks;               /* 128-token blocks of the longest item */
     int units;                /* items x heads x blocks, which the blocks of the grid take in turn */
+    int full_blocks;          /* a block of keys wholly within its item skips the masking of keys past its end */
 };
 
 /** A tile to load: the tensor map and the column where its 64 columns start. */
@@ -308,15 +309,17 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
             /* Thread (warp w, lane l) holds keys 8c + 2(l % 4) and the next (values 4c, 4c + 1) of query row
                16w + l / 4, and the same keys 8 rows below (4c + 2, 4c + 3). Maxima are of the unscaled scores. */
             int const key0 = j * block_k + 2 * (lane % 4);
+            if (!args.full_blocks || (j + 1) * block_k > unit.length) /* the keys past the item's end: none */
+#pragma unroll
+                for (int c = 0; c != 16; ++c)
+#pragma unroll
+                    for (int e = 0; e != 4; ++e)
+                        if (key0 + 8 * c + (e & 1) >= unit.length) s[4 * c + e] = -INFINITY;
             float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int c = 0; c != 16; ++c)
 #pragma unroll
-                for (int e = 0; e != 4; ++e) {
-                    float x = key0 + 8 * c + (e & 1) < unit.length ? s[4 * c + e] : -INFINITY;
-                    s[4 * c + e] = x;
-                    block_max[e / 2] = fmaxf(block_max[e / 2], x);
-                }
+                for (int e = 0; e != 4; ++e) block_max[e / 2] = fmaxf(block_max[e / 2], s[4 * c + e]);
             float correction[2], shift[2];
 #pragma unroll
             for (int r = 0; r != 2; ++r) {
@@ -475,6 +478,13 @@ __global__ void __launch_bounds__(threads, 1)
             barrier_wait(&l.full[stage], (entry / stages) & 1);
             score_pair(group, s, q_rows, k_rows, dp, d_out_rows, v_rows);
             int const key0 = j * block_k + 2 * (lane % 4);
+            /* Value i: key 8(i / 4) + (i % 2) of row i / 2 % 2. p is 0 past the item's end. */
+#pragma unroll
+            for (int i = 0; i != 64; ++i) s[i] = exp2_approx(fmaf(s[i], scale_log2, -row_lse[i / 2 % 2]));
+            if (!args.full_blocks || (j + 1) * block_k > unit.length)
+#pragma unroll
+                for (int i = 0; i != 64; ++i)
+                    if (key0 + 8 * (i / 4) + (i % 2) >= unit.length) s[i] = 0.0f;
             uint32_t ds[8][4];
 #pragma unroll
             for (int t = 0; t != 8; ++t)
@@ -483,11 +493,8 @@ __global__ void __launch_bounds__(threads, 1)
                     float v[2];
 #pragma unroll
                     for (int e = 0; e != 2; ++e) {
-                        int i = 8 * t + 2 * h + e, r = h % 2; /* value i: key 8(i / 4) + (i % 2), row r */
-                        float p = key0 + 8 * (i / 4) + (i % 2) < unit.length
-                                      ? exp2_approx(fmaf(s[i], scale_log2, -row_lse[r]))
-                                      : 0.0f;
-                        v[e] = p * (dp[i] - delta[r]);
+                        int i = 8 * t + 2 * h + e, r = h % 2;
+                        v[e] = s[i] * (dp[i] - delta[r]);
                     }
                     ds[t][h] = pack(v[0], v[1]);
                 }
@@ -619,13 +626,16 @@ static inline cudaError_t launch(void (*kernel)(Parameters...), dim3 shape, size
 /** Launches the forward pass on `stream`: out (tokens, hidden) for the items' rows and lse (heads, stride). `segments`
  *  holds `count` items as (start, length, -, -) on the device; `longest` is the longest item's length; `counter` is
  *  two words of device memory, zeros before the first launch, that every launch leaves zeros. `ring`: the stages of
- *  keys and values in flight, 2 to 4. */
+ *  keys and values in flight, 2 to 4. `full_blocks` leaves the keys' mask out of blocks wholly within their item
+ *  (the same bits, fewer instructions), here and in the backward pass's queries' pass. */
 static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                               bool dependent, __nv_bfloat16* out, float* lse, __nv_bfloat16 const* qkv,
                                               uint32_t const* segments, size_t count, size_t longest, size_t tokens,
-                                              size_t hidden, size_t stride, unsigned* counter, int ring = 2) {
+                                              size_t hidden, size_t stride, unsigned* counter, int ring = 2,
+                                              bool full_blocks = false) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {out, nullptr, lse, nullptr, segments, counter};
+    args.full_blocks = full_blocks;
     dim3 shape;
     if (!count) return cudaSuccess;
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;
@@ -644,9 +654,11 @@ static inline cudaError_t uform_flash_backward(uform_hopper_encoder_t encode, in
                                                __nv_bfloat16 const* d_out, __nv_bfloat16 const* out, float const* lse,
                                                __nv_bfloat16 const* qkv, float2 const* turns,
                                                uint32_t const* segments, size_t count, size_t longest, size_t tokens,
-                                               size_t hidden, size_t stride, unsigned* counter) {
+                                               size_t hidden, size_t stride, unsigned* counter,
+                                               bool full_blocks = false) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {nullptr, d_qkv, (float*)lse, delta, segments, counter, turns};
+    args.full_blocks = full_blocks;
     dim3 shape;
     if (!count) return cudaSuccess;
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;
