@@ -501,7 +501,9 @@ static inline bool uform_hopper_map(uform_hopper_encoder_t encode, CUtensorMap* 
  *  written by `gelu`, read by `gelu_backward`. `tile_n`: a tile's columns, 128 or 192; `direct`: results stored from
  *  registers, not through shared memory and the tensor memory accelerator. `dependent`: let the blocks
  *  be scheduled while the kernel before it drains (programmatic dependent launch); they wait for it before touching
- *  memory. The caller checks `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse. */
+ *  memory. The caller checks `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse.
+ *  A template, so that only a file that calls it compiles its twelve kernels (the attention includes this header). */
+template <int = 0>
 static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                                bool dependent, int tile_n, bool direct, uform_hopper_epilogue_t epilogue,
                                                __nv_bfloat16* d, __nv_bfloat16* aux, __nv_bfloat16 const* a,
