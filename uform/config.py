@@ -494,7 +494,8 @@ class Contrastive:
     bias: Optional[float] = _field(_F32, doc="Initial bias; absent derives -10.")
     negatives: Union[Negatives, str, None] = _field(_Choice(Negatives, "negatives"), doc="Absent derives Negatives.AMBIENT.")
     ambient_repulsion_weight: Optional[float] = _field(_F32, doc="Weight of each ambient negative; absent derives 1.")
-    max_edges_per_device: Optional[int] = _field(_U32, doc="Attract + repel + ignore edges; absent derives 64 per segment.")
+    max_edges_per_device: Optional[int] = _field(
+        _U32, doc="Attract + repel + ignore edges, at most 2^24; absent derives 64 per segment.")
     pair_loss: Union[PairLossForm, str, int, None] = _field(_Choice(PairLossForm), doc="Absent keeps sigmoid.")
 
 

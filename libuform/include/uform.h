@@ -47,14 +47,19 @@
  *  `char const** error`, which may be NULL. On failure it receives a human-readable message that
  *  names the offending field and value, e.g.
  *  `"config.hidden: 200 is not a positive multiple of 128 up to 16384"`. The text lives in
- *  thread-local storage until the next failing call on the same thread. A failed call changes no
- *  state: the trainer trains the next good batch as if the bad one never came. The library never
- *  exits, aborts or prints.
+ *  thread-local storage until the next failing call on the same thread, and is freed when that
+ *  thread exits: copy it to hand it to another thread. A message over 1023 bytes keeps its
+ *  beginning (the field) and its end (the reason) around an ellipsis. A failed call changes no
+ *  state: the trainer trains the next good batch as if the bad one never came. Its outputs are
+ *  another matter: a verb that fails part-way (a bad item among many) may have written some of
+ *  them, which are then not to be read. The library never exits, aborts or prints.
  *
  *  @section  Zero means "derive"
  *
  *  Every numeric config field reads zero as "derive the documented default", so a zeroed struct
- *  plus the required fields is a valid config. The defaults are listed beside each field.
+ *  plus the required fields is a valid config. The defaults are listed beside each field. So a
+ *  field whose default is not zero cannot be asked for zero itself (`masking.random_fraction`,
+ *  `contrastive.bias`, the masking weights): give the smallest value that serves, such as 1e-30.
  *
  *  @section  Tapes
  *
@@ -239,8 +244,8 @@ typedef struct uform_audio_shape_t {
  *  `max_columns_per_row` token positions; segments are the items packed into rows.
  */
 typedef struct uform_batch_shape_t {
-    uint32_t max_rows_per_device;     /**< 0 derives 64. */
-    uint32_t max_segments_per_device; /**< Items one device takes; 0 derives 8 per row. */
+    uint32_t max_rows_per_device;     /**< 0 derives 64; rows x columns at most 2^24. */
+    uint32_t max_segments_per_device; /**< Items one device takes, up to 4096; 0 derives 8 per row. */
     uint32_t max_columns_per_row;     /**< Token positions in a row, up to 16384; 0 derives 512. Longer items are cut. */
     uint32_t max_bags_per_device;     /**< 0 derives `max_segments_per_device`. */
     uint32_t max_choices_per_item;    /**< Legal bytes one item offers; 0 makes no choices. */
@@ -274,7 +279,7 @@ typedef struct uform_contrastive_t {
     float bias;                     /**< Initial bias; 0 derives -10. */
     uform_negatives_t negatives;    /**< 0 derives ambient. */
     float ambient_repulsion_weight; /**< Weight of each ambient negative; 0 derives 1. */
-    uint32_t max_edges_per_device;  /**< Attract + repel + ignore edges; 0 derives 64 per segment. */
+    uint32_t max_edges_per_device;  /**< Attract + repel + ignore edges, at most 2^24; 0 derives 64 per segment. */
     uform_pair_loss_form_t pair_loss; /**< 0 derives sigmoid. */
 } uform_contrastive_t;
 
@@ -284,7 +289,7 @@ typedef struct uform_contrastive_t {
  */
 typedef struct uform_late_interaction_t {
     float weight;   /**< The loss weight; 0 trains no token head. */
-    uint32_t width; /**< Token vectors' width, a multiple of 8; 0 derives 128. */
+    uint32_t width; /**< Token vectors' width, a multiple of 8 up to 4096; 0 derives 128. */
     float inverse_temperature; /**< The learned scale's start; 0 derives 1. */
     float bias;                /**< The learned bias's start. */
     uint32_t max_query_span;   /**< A query's rows: cut to it, padded up to it; 0 derives 32. */
@@ -304,7 +309,7 @@ typedef struct uform_choices_t {
  *  then cosine to `min_learning_rate` at `steps`, and the minimum after that.
  */
 typedef struct uform_schedule_t {
-    float learning_rate;     /**< 0 derives 1e-3. */
+    float learning_rate;     /**< In [0, 1]; 0 derives 1e-3. */
     float min_learning_rate; /**< 0 derives learning_rate / 10. */
     uint64_t warmup_steps;   /**< 0 derives steps / 20. */
     uint64_t steps;          /**< Required: the steps the cosine spans. */
@@ -468,7 +473,7 @@ UFORM_API uform_status_t uform_executor_free(uform_executor_t executor, char con
 /** @brief Where and how the processes of one run meet. */
 typedef struct uform_mesh_bootstrap_t {
     uint32_t host_domain_index; /**< This process's index, below `host_domain_count`. */
-    uint32_t host_domain_count; /**< Processes in the run; 0 derives 1. */
+    uint32_t host_domain_count; /**< Processes in the run, at most 65536; 0 derives 1. */
     char const* directory;      /**< An existing folder every process sees; one process ignores it: may be NULL. */
     char const* job;            /**< The run's name, one folder name (no '/', at most 200 bytes): files live under
                                      `directory/job`, made when absent; one process ignores it too. */
@@ -637,7 +642,9 @@ UFORM_API uform_status_t uform_decoded_free(uform_decoded_t decoded, char const*
 
 /**
  *  @brief Writes the weights, the optimizer's moments, the step and the config as one
- *  safetensors file: written to `path` + a temporary suffix, flushed, then renamed into place.
+ *  safetensors file: written to `path` + a temporary suffix, flushed, then renamed into place, so
+ *  a crash keeps the previous file whole, and whatever `path` named before (a symbolic link, say)
+ *  is replaced by the file rather than written through.
  *  @param[in] trainer The run.
  *  @param[in] path The destination.
  *
@@ -693,8 +700,8 @@ UFORM_API uform_status_t uform_trainer_free(uform_trainer_t trainer, char const*
  *  @param[in] capacity Bytes `note` has room for.
  *  @param[out] length The note's length in bytes, without the NUL; set even when `capacity` falls short.
  *  @param[out] error The message on failure; may be NULL.
- *  @return `uform_status_invalid_argument_k` when `capacity` falls short of `*length + 1`;
- *  `uform_status_invalid_checkpoint_k` for a malformed file.
+ *  @return `uform_status_invalid_argument_k` when `capacity` falls short of `*length + 1` (`note`
+ *  then reads empty, no part of the note); `uform_status_invalid_checkpoint_k` for a malformed file.
  */
 UFORM_API uform_status_t uform_checkpoint_note(char const* path, char* note, size_t capacity, size_t* length,
                                                char const** error);

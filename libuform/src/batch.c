@@ -69,25 +69,25 @@ void uform_packed_free(uform_packed_t* packed) {
     memset(packed, 0, sizeof(*packed));
 }
 
-/* Checks a tape's offsets, reading each once into `snapshot` (count + 1), which the packing then reads instead.
-   Messages count offsets from `first`, where the caller's tape starts this one. */
-static uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, size_t first,
-                                       uint64_t* snapshot, char const** error) {
+uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, size_t first,
+                                uint64_t* snapshot, char const** error) {
     if (tape->count != count)
         return UFORM_INVALID("%s: %zu %s for %zu items", name, tape->count, tape->count == 1 ? "entry" : "entries", count);
     if (!tape->offsets) return UFORM_INVALID("%s: NULL offsets", name);
-    uint64_t before = snapshot[0] = tape->offsets[0];
+    uint64_t before = tape->offsets[0];
+    if (snapshot) snapshot[0] = before;
     for (size_t i = 0; i != count; ++i) {
-        uint64_t offset = snapshot[i + 1] = tape->offsets[i + 1];
+        uint64_t offset = tape->offsets[i + 1];
+        if (snapshot) snapshot[i + 1] = offset;
         if (offset < before)
             return UFORM_INVALID("%s.offsets[%zu]: %llu is below the offset before it, %llu", name, first + i + 1,
                                  (unsigned long long)offset, (unsigned long long)before);
         before = offset;
     }
-    if (snapshot[count] > tape->size)
+    if (before > tape->size)
         return UFORM_INVALID("%s.offsets[%zu]: %llu is past the tape's size, %llu", name, first + count,
-                             (unsigned long long)snapshot[count], (unsigned long long)tape->size);
-    if (snapshot[count] && !tape->data) return UFORM_INVALID("%s: NULL data", name);
+                             (unsigned long long)before, (unsigned long long)tape->size);
+    if (before && !tape->data) return UFORM_INVALID("%s: NULL data", name);
     return uform_status_success_k;
 }
 

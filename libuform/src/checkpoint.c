@@ -1049,6 +1049,7 @@ uform_status_t uform_checkpoint_load(char const* path, uform_layout_t const* lay
 
 uform_status_t uform_checkpoint_note(char const* path, char* note, size_t capacity, size_t* length, char const** error) {
     if (!path) return uform_fail(error, uform_status_invalid_argument_k, "path: NULL");
+    if (!*path) return uform_fail(error, uform_status_invalid_argument_k, "path: empty");
     if (!length) return uform_fail(error, uform_status_invalid_argument_k, "length: NULL output pointer");
     FILE* file;
     uform_header_t header;
@@ -1058,9 +1059,11 @@ uform_status_t uform_checkpoint_note(char const* path, char* note, size_t capaci
     free(header.entries);
     *length = header.note_length;
     if (!note) return uform_status_success_k;
-    if (header.note_length >= capacity) /* the reader keeps what fits; a cut note is no note */
+    if (header.note_length >= capacity) { /* the reader kept what fits; a cut note is no note, so none is left */
+        if (capacity) note[0] = 0;
         return uform_fail(error, uform_status_invalid_argument_k, "capacity: %zu bytes; the note of %s takes %zu and a NUL",
                           capacity, path, header.note_length);
+    }
     note[header.note_length] = 0; /* a file without a note reads as the empty one */
     return uform_status_success_k;
 }

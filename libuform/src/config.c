@@ -122,8 +122,11 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     if (masking->token_mean_span < 1)
         return UFORM_INVALID("config.masking.token_mean_span: %g is below 1", (double)masking->token_mean_span);
     if (masking->replace_fraction + masking->random_fraction > 1)
-        return UFORM_INVALID("config.masking: replace_fraction %g + random_fraction %g is over 1",
-                             (double)masking->replace_fraction, (double)masking->random_fraction);
+        return UFORM_INVALID("config.masking: replace_fraction %g + random_fraction %g is over 1%s",
+                             (double)masking->replace_fraction, (double)masking->random_fraction,
+                             given->masking.random_fraction == 0 || given->masking.replace_fraction == 0
+                                 ? " (a fraction given 0 derives its default; 1e-30 asks for nearly none)"
+                                 : "");
 
     uform_contrastive_t* contrastive = &c->contrastive;
     if (contrastive->matryoshka_dimensions_count > UFORM_MAX_MATRYOSHKA_DIMENSIONS)

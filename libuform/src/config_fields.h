@@ -59,7 +59,7 @@
     X(contrastive.bias, real, -10, 0, 0)                                                                              \
     X(contrastive.negatives, choice, uform_negatives_ambient_k, 0, 0)                                                 \
     X(contrastive.ambient_repulsion_weight, weight, 1, 0, 0)                                                          \
-    X(contrastive.max_edges_per_device, count, 0, 0, 0)                                                               \
+    X(contrastive.max_edges_per_device, count, 0, 1u << 24, 0)                                                        \
     X(contrastive.pair_loss, choice, uform_pair_loss_sigmoid_k, 0, 0)                                                 \
     X(late_interaction.weight, weight, 0, 0, 0)                                                                       \
     X(late_interaction.width, count, 128, 0, uform_field_recorded_k)                                                  \

@@ -267,6 +267,11 @@ uform_status_t uform_batch_check_items(uform_config_t const* config, uform_train
 uform_status_t uform_batch_pack_choose(uform_packed_t* packed, uform_config_t const* config,
                                        uform_modality_t const* modalities, uform_tape_t const* texts,
                                        uform_tape_t const* choices, size_t first_item, char const** error);
+/** Checks a tape of `count` entries named `name`: its offsets never fall, end within its size, and point into data
+ *  where there is any. Each offset is read once, into `snapshot` (count + 1) where not NULL, which a packing then
+ *  reads instead; messages count offsets from `first`, where the caller's tape starts this one. */
+uform_status_t uform_tape_check(uform_tape_t const* tape, size_t count, char const* name, size_t first,
+                                uint64_t* snapshot, char const** error);
 /** Packs the items of a tape, without masking, as inference reads them; messages count items from `first_item`.
  *  `decoded`, when not NULL, holds their media decoded ahead. */
 uform_status_t uform_batch_pack_plain(uform_packed_t* packed, uform_config_t const* config,

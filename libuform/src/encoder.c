@@ -62,6 +62,7 @@ static uform_status_t uform_encoder_make(uform_executor_s* executor, char const*
 uform_status_t uform_encoder_load(uform_executor_t executor, char const* path, uform_encoder_t* encoder,
                                   size_t* hidden, char const** error) {
     if (!path) return uform_fail(error, uform_status_invalid_argument_k, "path: NULL");
+    if (!*path) return uform_fail(error, uform_status_invalid_argument_k, "path: empty");
     if (!encoder) return uform_fail(error, uform_status_invalid_argument_k, "encoder: NULL output pointer");
     uform_trainer_init_vram_t geometry;
     memset(&geometry, 0, sizeof(geometry));
@@ -241,13 +242,16 @@ static uform_status_t uform_encoder_choices(uform_encoder_s* encoder, uform_enco
 
 uform_status_t uform_encoder_choose(uform_encoder_t handle, uform_encoder_choose_t* choose, char const** error) {
     if (!choose) return uform_fail(error, uform_status_invalid_argument_k, "choose: NULL");
-    if (!choose->probabilities) return uform_fail(error, uform_status_invalid_argument_k, "choose.probabilities: NULL");
-    UFORM_TRY(uform_tape_per_item(&choose->texts, choose->count, 0, "choose.texts", error));
-    UFORM_TRY(uform_tape_per_item(&choose->choices, choose->count, 0, "choose.choices", error));
+    /* No items choose nothing: their arrays may be NULL, as `embed`'s may. */
+    if (!choose->probabilities && choose->count)
+        return uform_fail(error, uform_status_invalid_argument_k, "choose.probabilities: NULL");
+    UFORM_TRY(uform_tape_per_item(&choose->texts, choose->count, 1, "choose.texts", error));
+    UFORM_TRY(uform_tape_per_item(&choose->choices, choose->count, 1, "choose.choices", error));
     void* encoder;
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;
-    status = uform_encoder_choices(encoder, choose, error);
+    choose->truncated_items = 0;
+    if (choose->count) status = uform_encoder_choices(encoder, choose, error);
     uform_handles_leave(encoder);
     return status;
 }
@@ -274,8 +278,9 @@ static uform_status_t uform_encoder_token_rows(uform_encoder_s const* encoder, u
                                                char const** error) {
     uform_trainer_init_vram_t const* c = &encoder->config.given;
     uint64_t const* contents = tokens->contents.offsets;
-    tokens->offsets[0] = 0;
     tokens->truncated_items = 0;
+    if (!tokens->count) return uform_status_success_k;
+    tokens->offsets[0] = 0;
     for (size_t i = 0; i != tokens->count; ++i) {
         int side = tokens->sides ? (int)tokens->sides[i] : uform_late_interaction_document_k;
         uform_modality_t modality = tokens->modalities[i];
@@ -348,9 +353,13 @@ static uform_status_t uform_encoder_tokens(uform_encoder_s* encoder, uform_encod
 
 uform_status_t uform_encoder_embed_tokens(uform_encoder_t handle, uform_encoder_tokens_t* tokens, char const** error) {
     if (!tokens) return uform_fail(error, uform_status_invalid_argument_k, "tokens: NULL");
-    if (!tokens->offsets) return uform_fail(error, uform_status_invalid_argument_k, "tokens.offsets: NULL");
-    if (!tokens->modalities) return uform_fail(error, uform_status_invalid_argument_k, "tokens.modalities: NULL");
-    UFORM_TRY(uform_tape_per_item(&tokens->contents, tokens->count, 0, "tokens.contents", error));
+    /* No items have no rows: their arrays may be NULL, as `embed`'s may. */
+    if (!tokens->offsets && tokens->count) return uform_fail(error, uform_status_invalid_argument_k, "tokens.offsets: NULL");
+    if (!tokens->modalities && tokens->count)
+        return uform_fail(error, uform_status_invalid_argument_k, "tokens.modalities: NULL");
+    UFORM_TRY(uform_tape_per_item(&tokens->contents, tokens->count, 1, "tokens.contents", error));
+    /* The call that sizes reads the contents' lengths, so it checks their tape as the filling call does. */
+    if (tokens->count) UFORM_TRY(uform_tape_check(&tokens->contents, tokens->count, "tokens.contents", 0, NULL, error));
     void* encoder;
     uform_status_t status = uform_handles_enter(handle, uform_handle_encoder_k, "encoder", &encoder, error);
     if (status != uform_status_success_k) return status;

@@ -38,14 +38,28 @@ static char* uform_message_buffer(void) {
     return buffer;
 }
 
+/*  A message over the buffer keeps its beginning and its end around an ellipsis: the field it names
+    comes first and the reason last, and what runs long between them is a path or a value. Neither cut
+    splits a UTF-8 character. */
+static void uform_message_shorten(char* text, size_t length) {
+    size_t const room = uform_message_capacity_k - 1, half = (room - 3) / 2;
+    if (length <= room) return;
+    size_t head = half, tail = length - (room - 3 - half);
+    while (head && ((unsigned char)text[head] & 0xC0) == 0x80) --head;
+    while (tail < length && ((unsigned char)text[tail] & 0xC0) == 0x80) ++tail;
+    memcpy(text + head, "\xE2\x80\xA6", 3);
+    memmove(text + head + 3, text + tail, length - tail + 1);
+}
+
 uform_status_t uform_fail(char const** error, uform_status_t status, char const* format, ...) {
     /* Formatted apart first: a verb may pass on the message of the operation that failed, which
      * lives in the buffer this one is written to. */
-    char formatted[uform_message_capacity_k];
+    char formatted[16 * uform_message_capacity_k];
     va_list arguments;
     va_start(arguments, format);
     vsnprintf(formatted, sizeof(formatted), format, arguments);
     va_end(arguments);
+    uform_message_shorten(formatted, strlen(formatted));
     char* buffer = uform_message_buffer();
     if (buffer) memcpy(buffer, formatted, strlen(formatted) + 1);
     if (error) *error = buffer ? buffer : uform_message_lost;

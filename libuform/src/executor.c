@@ -70,9 +70,14 @@ uform_backend_t const* uform_testing_backend(char const* name) {
 }
 
 uint32_t uform_capabilities(void) {
+    /* Asking never fails, so it keeps the thread's last message, which finding no CUDA backend would replace. */
+    char kept[1024];
+    snprintf(kept, sizeof(kept), "%s", uform_message());
     /* Meshes of several processes join RAM executors over sockets, which every build has (`mesh.c`). */
-    return uform_capability_ram_k | uform_capability_mesh_k | (uform_vram_backend() ? uform_capability_vram_k : 0) |
-           uform_media_capabilities();
+    uint32_t found = uform_capability_ram_k | uform_capability_mesh_k |
+                     (uform_vram_backend() ? uform_capability_vram_k : 0) | uform_media_capabilities();
+    uform_fail(NULL, uform_status_success_k, "%s", kept);
+    return found;
 }
 
 /* Opens `ordinal` on `backend`, for trainers that spread their steps over `devices`, and adds the executor to the

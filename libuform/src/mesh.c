@@ -640,6 +640,8 @@ uform_status_t uform_mesh_bootstrap(uform_executor_t executor, uform_mesh_bootst
     if (status != uform_status_success_k) return status;
     if (!config || !mesh) return uform_fail(error, uform_status_invalid_argument_k, "mesh: NULL config or output");
     uint32_t count = config->host_domain_count ? config->host_domain_count : 1;
+    if (count > 65536) /* a process waits for each of the others by name: a count in the billions is a mistake */
+        return UFORM_INVALID("host_domain_count: %u is over 65536", count);
     if (config->host_domain_index >= count)
         return UFORM_INVALID("host_domain_index: %u is not below host_domain_count %u", config->host_domain_index,
                              count);

@@ -371,6 +371,24 @@ static void config_misuse(uform_executor_t executor) {
     config = small_config(3), config.late_interaction.pair_loss = (uform_pair_loss_form_t)9;
     REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
                     "config.late_interaction.pair_loss: 9 is not a pair-loss form (0 to 3)");
+    config = small_config(3), config.contrastive.max_edges_per_device = UINT32_MAX; /* would take ~40 GB */
+    REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
+                    "config.contrastive.max_edges_per_device: 4294967295 is over 16777216");
+    config = small_config(3), config.masking.replace_fraction = 1;
+    REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
+                    "config.masking: replace_fraction 1 + random_fraction 0.1 is over 1 (a fraction given 0 derives "
+                    "its default; 1e-30 asks for nearly none)");
+    config.masking.random_fraction = 1e-30f;
+    CHECK(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error) == uform_status_success_k);
+    CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);
+    trainer = NULL;
+    uform_mesh_bootstrap_t crowd;
+    memset(&crowd, 0, sizeof(crowd));
+    crowd.host_domain_count = UINT32_MAX;
+    uform_mesh_t mesh = NULL;
+    REFUSED_EXACTLY(uform_mesh_bootstrap(executor, &crowd, &mesh, &error), uform_status_invalid_argument_k,
+                    "host_domain_count: 4294967295 is over 65536");
+    CHECK(mesh == NULL);
     config = small_config(3), config.resume = "";
     REFUSED_EXACTLY(uform_trainer_init_ram(executor, &config, NULL, &trainer, &error), uform_status_invalid_argument_k,
                     "config.resume: empty; leave it NULL (None in Python) to start a new run");
@@ -488,6 +506,25 @@ int main(int argc, char** argv) {
     CHECK(uform_trainer_step(trainer, &step, &error) == uform_status_success_k && step.stats.step == 1);
     REFUSED_EXACTLY(uform_trainer_save(trainer, NULL, &error), uform_status_invalid_argument_k, "path: NULL");
     REFUSED_EXACTLY(uform_trainer_save(trainer, "", &error), uform_status_invalid_argument_k, "path: empty");
+    /* A message past its buffer keeps the field and the reason, around an ellipsis. */
+    char long_path[5000];
+    memset(long_path, 'b', sizeof(long_path) - 1), long_path[sizeof(long_path) - 1] = 0;
+    REFUSED(uform_trainer_save(trainer, long_path, &error), uform_status_io_k, "File name too long");
+    CHECK(error && !strncmp(error, "path: cannot write bbb", 22) && strstr(error, "\xE2\x80\xA6") &&
+          strlen(error) <= 1023);
+    /* Asking what the build can do keeps the last message. */
+    REFUSED(uform_executor_free(NULL, &error), uform_status_invalid_handle_k, "executor: NULL");
+    (void)uform_capabilities();
+    CHECK(error && !strcmp(error, "executor: NULL"));
+    /* A note that does not fit leaves none, not its first bytes. */
+    CHECK(uform_trainer_save_noted(trainer, path, "a note of some length", &error) == uform_status_success_k);
+    char note[8] = "unset";
+    size_t note_length = 0;
+    REFUSED(uform_checkpoint_note(path, note, sizeof(note), &note_length, &error), uform_status_invalid_argument_k,
+            "capacity: 8 bytes");
+    CHECK(note[0] == 0 && note_length == 21);
+    REFUSED_EXACTLY(uform_checkpoint_note("", note, sizeof(note), &note_length, &error),
+                    uform_status_invalid_argument_k, "path: empty");
     CHECK(uform_trainer_save(trainer, path, &error) == uform_status_success_k);
     steps_in_flight_misuse(executor, path);
 
@@ -501,6 +538,28 @@ int main(int argc, char** argv) {
     none.count = 1;
     REFUSED_EXACTLY(uform_encoder_embed(encoder, &none, &error), uform_status_invalid_argument_k,
                     "embed.embeddings: NULL");
+    uform_encoder_choose_t nothing; /* nor choose they any */
+    memset(&nothing, 0, sizeof(nothing));
+    nothing.truncated_items = 9;
+    CHECK(uform_encoder_choose(encoder, &nothing, &error) == uform_status_success_k && nothing.truncated_items == 0);
+    /* The call that sizes token vectors checks the contents' tape as the filling call does, before the handle. */
+    uint64_t const past[] = {0, 17, 38, 55, 99}, backwards[] = {0, 17, 10, 55, 75};
+    uint64_t rows[5];
+    uform_encoder_tokens_t sizing;
+    memset(&sizing, 0, sizeof(sizing));
+    sizing.count = 4, sizing.modalities = modalities, sizing.offsets = rows;
+    sizing.contents = (uform_tape_t){text, past, 4, sizeof(text) - 1};
+    REFUSED_EXACTLY(uform_encoder_embed_tokens(encoder, &sizing, &error), uform_status_invalid_argument_k,
+                    "tokens.contents.offsets[4]: 99 is past the tape's size, 75");
+    sizing.contents.offsets = backwards;
+    REFUSED_EXACTLY(uform_encoder_embed_tokens(encoder, &sizing, &error), uform_status_invalid_argument_k,
+                    "tokens.contents.offsets[2]: 10 is below the offset before it, 17");
+    sizing.contents = (uform_tape_t){NULL, offsets, 4, sizeof(text) - 1};
+    REFUSED_EXACTLY(uform_encoder_embed_tokens(encoder, &sizing, &error), uform_status_invalid_argument_k,
+                    "tokens.contents: NULL data");
+    uform_encoder_t unnamed = NULL;
+    REFUSED_EXACTLY(uform_encoder_load(executor, "", &unnamed, NULL, &error), uform_status_invalid_argument_k,
+                    "path: empty");
 
     /* Double frees, and use after free, of every kind. */
     CHECK(uform_trainer_free(trainer, &error) == uform_status_success_k);
