@@ -22,8 +22,8 @@ device memory (uform: the free memory its trainer took; the peer: PyTorch's peak
 ratio of uform to the compiled peer. `torch` must be installed; the peer's modes are eager and
 compiled. A `--trial` runs uform again with its environment variables set (those the library reads
 as an executor opens: `UFORM_HOPPER_PRODUCTS`, `_TILE`, `_STORES`, `_ATTENTION`, `UFORM_ATTENTION_RING`,
-`_FULL_BLOCKS`, `UFORM_BLAS_WHOLE`, `UFORM_STEP_GRAPH`, `UFORM_DEPENDENT_LAUNCHES`), its JSON line naming it,
-after a run as it is.
+`_FULL_BLOCKS`, `_OVERLAP`, `UFORM_BLAS_WHOLE`, `UFORM_STEP_GRAPH`, `UFORM_DEPENDENT_LAUNCHES`), its JSON line
+naming it, after a run as it is.
 """
 import argparse
 import collections

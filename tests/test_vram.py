@@ -215,11 +215,13 @@ def test_attention(rng, attention, lengths):
     assert np.array_equal(again, gpu_d)  # the deterministic backward
 
 
-@pytest.mark.parametrize("trial", ["UFORM_ATTENTION_RING=3", "UFORM_ATTENTION_RING=4", "UFORM_ATTENTION_FULL_BLOCKS=1"])
+@pytest.mark.parametrize("trial", ["UFORM_ATTENTION_RING=3", "UFORM_ATTENTION_RING=4", "UFORM_ATTENTION_FULL_BLOCKS=1",
+                                   "UFORM_ATTENTION_OVERLAP=1"])
 def test_attention_trials_give_the_same_bits(rng, monkeypatch, trial):
-    """UFORM_ATTENTION_RING streams the own forward's keys and values through more stages, and
-    UFORM_ATTENTION_FULL_BLOCKS masks only the blocks of keys an item ends in: each changes when tiles land or
-    which instructions run, not what is summed in what order."""
+    """UFORM_ATTENTION_RING streams the own forward's keys and values through more stages,
+    UFORM_ATTENTION_FULL_BLOCKS masks only the blocks of keys an item ends in, and UFORM_ATTENTION_OVERLAP takes
+    the forward's softmax while the block before multiplies v: each changes when tiles land or which instructions
+    run, not what is summed in what order."""
     lengths = [512] * 6 + [1, 300, 129]
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     segments, tokens, hidden = list(zip(starts, lengths)), sum(lengths), 256

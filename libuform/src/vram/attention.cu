@@ -65,6 +65,9 @@ void* uform_vram_hopper_attention(uform_vram_context_t* context) {
     /* UFORM_ATTENTION_FULL_BLOCKS=1 masks only the blocks of keys an item ends in: to compare. */
     char const* full = getenv("UFORM_ATTENTION_FULL_BLOCKS");
     context->attention_full_blocks = full && !strcmp(full, "1");
+    /* UFORM_ATTENTION_OVERLAP=1 takes each block's softmax while the block before multiplies v: to compare. */
+    char const* overlap = getenv("UFORM_ATTENTION_OVERLAP");
+    context->attention_overlapped = overlap && !strcmp(overlap, "1");
     /* The counter starts at zero, and every launch leaves it so. */
     if (cudaMemsetAsync(uform_vram_attention_counter(context), 0, 2 * sizeof(unsigned), context->stream) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -81,7 +84,7 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
                                                 items->count, items->longest, tokens, hidden, tokens,
                                                 uform_vram_attention_counter(context), context->attention_ring,
-                                                context->attention_full_blocks),
+                                                context->attention_full_blocks, context->attention_overlapped),
                             "the attention's forward pass");
 }
 

@@ -273,11 +273,76 @@ __device__ __forceinline__ void multiply_units(arguments_t const& args, layout_t
 }
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/*  The forward's softmax of block j of scores s (64 x 128, this warpgroup's fragment), kept online: masks the keys
+    past the item's end (in every block, or with `full_blocks` the one the item ends in), moves the rows' running
+    `maximum`, rescales their `sum` and returns in `correction` what rescales their output, turns s into the block's
+    probabilities and adds them to `sum`. Thread (warp w, lane l) holds keys 8c + 2(l % 4) and the next (values 4c,
+    4c + 1) of query row 16w + l / 4, and the same keys 8 rows below (4c + 2, 4c + 3). */
+__device__ __forceinline__ void soften(float (&s)[64], float (&maximum)[2], float (&sum)[2], float (&correction)[2],
+                                       int j, int length, bool full_blocks) {
+    int const key0 = j * block_k + 2 * (threadIdx.x % 32 % 4);
+    if (!full_blocks || (j + 1) * block_k > length) /* the keys past the item's end: none */
+#pragma unroll
+        for (int c = 0; c != 16; ++c)
+#pragma unroll
+            for (int e = 0; e != 4; ++e)
+                if (key0 + 8 * c + (e & 1) >= length) s[4 * c + e] = -INFINITY;
+    float block_max[2] = {-INFINITY, -INFINITY}; /* of the unscaled scores */
+#pragma unroll
+    for (int c = 0; c != 16; ++c)
+#pragma unroll
+        for (int e = 0; e != 4; ++e) block_max[e / 2] = fmaxf(block_max[e / 2], s[4 * c + e]);
+    float shift[2];
+#pragma unroll
+    for (int r = 0; r != 2; ++r) {
+        block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
+        block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
+        float next = fmaxf(maximum[r], block_max[r]); /* finite: every block holds a key of the item */
+        correction[r] = exp2_approx((maximum[r] - next) * scale_log2);
+        maximum[r] = next;
+        shift[r] = -next * scale_log2;
+        sum[r] *= correction[r];
+    }
+#pragma unroll
+    for (int c = 0; c != 16; ++c)
+#pragma unroll
+        for (int e = 0; e != 4; ++e) {
+            float p = exp2_approx(fmaf(s[4 * c + e], scale_log2, shift[e / 2]));
+            s[4 * c + e] = p;
+            sum[e / 2] += p;
+        }
+}
+
+/** Probabilities s as `wgmma`'s register operand: keys 16t..16t+15, rows r and r + 8, keys 2(l % 4) and + 8. */
+__device__ __forceinline__ void pack_operand(uint32_t (&p)[8][4], float const (&s)[64]) {
+#pragma unroll
+    for (int t = 0; t != 8; ++t) {
+        p[t][0] = pack(s[8 * t + 0], s[8 * t + 1]);
+        p[t][1] = pack(s[8 * t + 2], s[8 * t + 3]);
+        p[t][2] = pack(s[8 * t + 4], s[8 * t + 5]);
+        p[t][3] = pack(s[8 * t + 6], s[8 * t + 7]);
+    }
+}
+
+/** Issues s = q k^T (64 x 128, over a head's 64 columns; each operand's rows in shared memory), uncommitted. */
+__device__ __forceinline__ void issue_scores(float (&s)[64], uint8_t const* q_rows, uint8_t const* k_rows) {
+#pragma unroll
+    for (int step = 0; step != width / 16; ++step)
+        multiply(s, descriptor(q_rows + step * 32), descriptor(k_rows + step * 32), step > 0);
+}
+#endif
+
 /*  The forward pass: out and lse for 128 queries of an item and a head (resident: q), over the item's
     keys and values (streamed through a ring of `ring` stages: it takes no turns, so it has room for more
     than the backward passes' two), the softmax kept online: each block of scores moves the running
-    maximum, rescales the running sum and output, and adds its own. */
-template <int ring>
+    maximum, rescales the running sum and output, and adds its own.
+
+    `overlapped` (a trial): in its turn a warpgroup issues block j's scores and block j - 1's product with v
+    together, and takes block j's softmax while that product runs, as FlashAttention-3 does within a
+    warpgroup; the output is rescaled once the product has landed. The same sums in the same order: the
+    same bits. Block j's keys and values are released one block later, so it wants a ring of 3 or more. */
+template <int ring, bool overlapped>
 __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensorMap const qkv, arguments_t args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t raw[];
@@ -291,68 +356,70 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
 #pragma unroll
         for (int i = 0; i != 32; ++i) o[i] = 0;
         uint8_t const* q_rows = tiles + group * 64 * 128;
-        for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
-            int stage = entry % ring;
-            uint8_t const* k_rows = l.ring + 2 * stage * box_bytes;
-            uint8_t const* v_rows = k_rows + box_bytes;
-            float s[64];
-            barrier_wait(&l.full[stage], (entry / ring) & 1);
-            take_turn(group);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        if (!overlapped) {
+            for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
+                int stage = entry % ring;
+                uint8_t const* k_rows = l.ring + 2 * stage * box_bytes;
+                float s[64], correction[2];
+                barrier_wait(&l.full[stage], (entry / ring) & 1);
+                take_turn(group);
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+                issue_scores(s, q_rows, k_rows);
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                pass_turn(group);
+                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                pin(s);
+                soften(s, maximum, sum, correction, j, unit.length, args.full_blocks);
 #pragma unroll
-            for (int step = 0; step != width / 16; ++step)
-                multiply(s, descriptor(q_rows + step * 32), descriptor(k_rows + step * 32), step > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            pass_turn(group);
+                for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
+                uint32_t p[8][4];
+                pack_operand(p, s);
+                accumulate_in_turn(group, o, p, k_rows + box_bytes);
+                if (lane == 0) barrier_arrive(&l.empty[stage]);
+            }
+        } else {
+            /* Each turn issues block j's scores and block j - 1's product with v; block j's softmax runs while that
+               product does. The wait for it comes first in the next pass round the loop, ahead of the rescaling and
+               the packing of block j's probabilities into the operand registers it reads: there the assembler, which
+               moves a wait up as far as its basic block lets it, cannot move it above the softmax. Before block 0, s
+               holds zeros and the correction is 1, so the first product adds zeros to zeros: the same issue every
+               block, and the same sums as the plain loop. */
+            float s[64], correction[2] = {1, 1};
+#pragma unroll
+            for (int i = 0; i != 64; ++i) s[i] = 0;
+            uint32_t p[8][4];
+            int held = entry % ring, released = -1; /* the stages of blocks j - 1 and j - 2 */
+            for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
+                int stage = entry % ring;
+                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); /* block j - 2's product */
+                pin32(o);
+                if (released >= 0 && lane == 0) barrier_arrive(&l.empty[released]);
+#pragma unroll
+                for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
+                pack_operand(p, s);
+                barrier_wait(&l.full[stage], (entry / ring) & 1);
+                take_turn(group);
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+                issue_scores(s, q_rows, l.ring + 2 * stage * box_bytes);
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#pragma unroll
+                for (int t = 0; t != 8; ++t)
+                    multiply_pv(o, p[t], descriptor(l.ring + (2 * held + 1) * box_bytes + t * 16 * 128));
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                pass_turn(group);
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); /* the scores; the product runs on */
+                pin(s);
+                soften(s, maximum, sum, correction, j, unit.length, args.full_blocks);
+                released = j ? held : -1, held = stage;
+            }
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            pin(s);
-            /* Thread (warp w, lane l) holds keys 8c + 2(l % 4) and the next (values 4c, 4c + 1) of query row
-               16w + l / 4, and the same keys 8 rows below (4c + 2, 4c + 3). Maxima are of the unscaled scores. */
-            int const key0 = j * block_k + 2 * (lane % 4);
-            if (!args.full_blocks || (j + 1) * block_k > unit.length) /* the keys past the item's end: none */
+            pin32(o);
+            if (released >= 0 && lane == 0) barrier_arrive(&l.empty[released]);
 #pragma unroll
-                for (int c = 0; c != 16; ++c)
-#pragma unroll
-                    for (int e = 0; e != 4; ++e)
-                        if (key0 + 8 * c + (e & 1) >= unit.length) s[4 * c + e] = -INFINITY;
-            float block_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int c = 0; c != 16; ++c)
-#pragma unroll
-                for (int e = 0; e != 4; ++e) block_max[e / 2] = fmaxf(block_max[e / 2], s[4 * c + e]);
-            float correction[2], shift[2];
-#pragma unroll
-            for (int r = 0; r != 2; ++r) {
-                block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
-                block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
-                float next = fmaxf(maximum[r], block_max[r]); /* finite: every block holds a key of the item */
-                correction[r] = exp2_approx((maximum[r] - next) * scale_log2);
-                maximum[r] = next;
-                shift[r] = -next * scale_log2;
-                sum[r] *= correction[r];
-            }
-#pragma unroll
-            for (int c = 0; c != 16; ++c)
-#pragma unroll
-                for (int e = 0; e != 4; ++e) {
-                    float p = exp2_approx(fmaf(s[4 * c + e], scale_log2, shift[e / 2]));
-                    s[4 * c + e] = p;
-                    sum[e / 2] += p;
-                }
-#pragma unroll
-            for (int c = 0; c != 8; ++c)
-#pragma unroll
-                for (int e = 0; e != 4; ++e) o[4 * c + e] *= correction[e / 2];
-            uint32_t p[8][4]; /* keys 16t..16t+15 as the register operand: rows r and r + 8, keys 2(l % 4) and + 8 */
-#pragma unroll
-            for (int t = 0; t != 8; ++t) {
-                p[t][0] = pack(s[8 * t + 0], s[8 * t + 1]);
-                p[t][1] = pack(s[8 * t + 2], s[8 * t + 3]);
-                p[t][2] = pack(s[8 * t + 4], s[8 * t + 5]);
-                p[t][3] = pack(s[8 * t + 6], s[8 * t + 7]);
-            }
-            accumulate_in_turn(group, o, p, v_rows);
-            if (lane == 0) barrier_arrive(&l.empty[stage]);
+            for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
+            pack_operand(p, s);
+            accumulate_in_turn(group, o, p, l.ring + (2 * held + 1) * box_bytes); /* the last block's */
+            if (lane == 0) barrier_arrive(&l.empty[held]);
         }
 #pragma unroll
         for (int r = 0; r != 2; ++r) {
@@ -627,12 +694,13 @@ static inline cudaError_t launch(void (*kernel)(Parameters...), dim3 shape, size
  *  holds `count` items as (start, length, -, -) on the device; `longest` is the longest item's length; `counter` is
  *  two words of device memory, zeros before the first launch, that every launch leaves zeros. `ring`: the stages of
  *  keys and values in flight, 2 to 4. `full_blocks` leaves the keys' mask out of blocks wholly within their item
- *  (the same bits, fewer instructions), here and in the backward pass's queries' pass. */
+ *  (the same bits, fewer instructions), here and in the backward pass's queries' pass. `overlapped` takes each
+ *  block's softmax while the block before multiplies v (the same bits; a ring of 3 at least). */
 static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                               bool dependent, __nv_bfloat16* out, float* lse, __nv_bfloat16 const* qkv,
                                               uint32_t const* segments, size_t count, size_t longest, size_t tokens,
                                               size_t hidden, size_t stride, unsigned* counter, int ring = 2,
-                                              bool full_blocks = false) {
+                                              bool full_blocks = false, bool overlapped = false) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {out, nullptr, lse, nullptr, segments, counter};
     args.full_blocks = full_blocks;
@@ -641,9 +709,14 @@ static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;
     CUtensorMap qkv_map;
     if (!uform_hopper_map(encode, &qkv_map, qkv, tokens, 3 * hidden, block_q)) return cudaErrorInvalidValue;
-    if (ring == 3) return launch(forward<3>, shape, block_bytes(1, 0, 3, false), stream, dependent, qkv_map, args);
-    if (ring == 4) return launch(forward<4>, shape, block_bytes(1, 0, 4, false), stream, dependent, qkv_map, args);
-    return launch(forward<2>, shape, block_bytes(1, 0, 2, false), stream, dependent, qkv_map, args);
+    typedef void (*kernel_t)(CUtensorMap, uform_flash::arguments_t);
+    kernel_t const kernels[3][2] = {{forward<2, false>, forward<3, true>},
+                                    {forward<3, false>, forward<3, true>},
+                                    {forward<4, false>, forward<4, true>}};
+    ring = ring < 2 ? 2 : ring > 4 ? 4 : ring;
+    ring = overlapped && ring < 3 ? 3 : ring;
+    return launch(kernels[ring - 2][overlapped], shape, block_bytes(1, 0, ring, false), stream, dependent, qkv_map,
+                  args);
 }
 
 /** Launches both backward passes on `stream`: d_qkv's rows of the items (other rows untouched), through delta

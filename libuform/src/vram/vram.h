@@ -55,6 +55,7 @@ typedef struct uform_vram_context_t {
     bool records;                                  /* steps queued as graphs (`UFORM_STEP_GRAPH=1`) */
     int attention_ring;                            /* the own attention forward's stages (`UFORM_ATTENTION_RING`) */
     bool attention_full_blocks;                    /* its unmasked full blocks (`UFORM_ATTENTION_FULL_BLOCKS`) */
+    bool attention_overlapped;                     /* its forward's softmax beside products (`UFORM_ATTENTION_OVERLAP`) */
     bool recording;                                /* between `record_begin` and `record_end` */
     cudaGraphExec_t recorded[uform_fences_k / 2];  /* each flight's last step, updated in place when it can be */
     cudaEvent_t launched[uform_fences_k / 2];      /* recorded after each one's launch: it may change once passed */
