@@ -4,11 +4,13 @@ PLAN is a pickled dict: `index`, `count`, `directory`, `job`, `timeout`, and opt
 process's share of each step), `threads`, `devices`, `arena`, `save` (a path every process saves to after the
 steps), `die_after` (exit at once after that many steps, as a killed process would), `stall_after` (sleep `stall` seconds before that step),
 `other_executor` (make the trainer on an executor
-the mesh did not join with), `gather` (parts this process gathers once joined) and `gather_between` (parts it gathers after each step). RESULT receives a pickled
+the mesh did not join with), `second_config` (make a second trainer after the first, and step it once with the
+first batch, after the first trainer's steps, or before them with `second_first`), `gather` (parts this process gathers once joined) and `gather_between` (parts it gathers after each step). RESULT receives a pickled
 dict: `mesh` (its index, count and repr), `gathered` (what each gather answered), `stats` (one dict per step, or `refused` with the message of a step
 refused as bad input), `embeddings`, `weights` and `seconds`, or `error` (the class name and message of
 what uform raised), `waited` (how long the verb that raised it ran) and `seconds`, the time spent until then.
 """
+import contextlib
 import os
 import pickle
 import sys
@@ -33,7 +35,11 @@ def run(plan):
             return dict(stats=[], embeddings=[], weights=None, mesh=joined, gathered=gathered)
         if plan.get("other_executor"):  # a trainer made on an executor the mesh did not join with
             executor = uform.Executor.for_ram(threads=1)
-        with uform.Trainer.init_ram(executor, plan["config"], mesh) as trainer:
+        with uform.Trainer.init_ram(executor, plan["config"], mesh) as trainer, \
+                (uform.Trainer.init_ram(executor, plan["second_config"], mesh) if plan.get("second_config")
+                 else contextlib.nullcontext()) as second:
+            if second is not None and plan.get("second_first"):
+                second.step(plan["batches"][0])
             for number, batch in enumerate(plan["batches"]):
                 if plan.get("die_after") == number:
                     os._exit(3)
@@ -49,6 +55,8 @@ def run(plan):
                 steps.append(dict(stepped.stats))
                 embeddings.append(np.array(stepped.embeddings) if plan.get("arena") else None)
                 gathered += [mesh.gather(part) for part in plan.get("gather_between", [])]
+            if second is not None and not plan.get("second_first"):
+                second.step(plan["batches"][0])
             if plan.get("save"):
                 trainer.save(plan["save"])
             return dict(stats=steps, embeddings=embeddings, weights=trainer._weights(), mesh=joined, gathered=gathered)

@@ -1185,7 +1185,12 @@ def test_a_mesh_config_is_checked_by_name(run, tmp_path, capsys):
                           ("hosts = 2", "mesh.hosts: unknown field"),
                           ('host_domain_count = 2\njob = "a/b"', "mesh.job: 'a/b' is not one folder name"),
                           ('host_domain_count = 2\njob = ""', "mesh.job: '' is not one folder name"),
-                          ("host_domain_count = 2\ntimeout_minutes = -1", "(0 waits the default 5)")):
+                          ("host_domain_count = 2\ntimeout_minutes = -1", "(0 waits the default 5)"),
+                          ("host_domain_count = 2\ntimeout_minutes = 1e12", "mesh.timeout_minutes: 1e+12 minutes; "
+                                                                           "at most 1.66667e+07"),
+                          ("host_domain_count = 70000", "mesh.host_domain_count: 70000; a run has 1 to 65536"),
+                          (f'host_domain_count = 2\ndirectory = "{__file__}"', f"mesh.directory: {__file__} is not "
+                                                                                "a folder")):
         extra = "" if "timeout_minutes" in mesh else "\ntimeout_minutes = 0.02"
         assert cli.main(["train", run("checked", **{"[run]": f"[mesh]\n{mesh}{extra}\n\n[run]"})]) == 1
         assert message in capsys.readouterr().err

@@ -193,6 +193,69 @@ def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains
     assert_same_bits(first["weights"], second["weights"], "weights")
 
 
+def test_a_share_refused_before_the_library_is_refused_everywhere_and_the_next_step_trains(tmp_path):
+    """Refused by Python's own checks, a share still takes its part in the step's exchange: the peers' step fails
+    naming it, rather than pair itself with this process's next step."""
+    trainer_config = config("contrastive")
+    whole = whole_batch(PAIRS)
+    good = [share(whole, 0, 4), share(whole, 4, 8)]
+    bad = dict(good[1], modalities=good[1]["modalities"][:2])
+    started = [start(tmp_path, 0, 2, "python", config=trainer_config, batches=[good[0]] * 3),
+               start(tmp_path, 1, 2, "python", config=trainer_config, batches=[good[1], bad, good[1]])]
+    first, second = finish(started)
+    assert "error" not in first and "error" not in second, (first, second)
+    assert "host domain 1 refused its share of the step: batch.modalities: 2 entries" in first["stats"][1]["refused"]
+    assert second["stats"][1]["refused"].startswith("batch.modalities: 2 entries")
+    assert [s["step"] for s in (first["stats"][0], first["stats"][2])] == [1, 2]
+    assert_same_bits(first["weights"], second["weights"], "weights")
+
+
+def test_a_gather_refused_before_the_library_fails_every_process_and_the_next_one_gathers(tmp_path):
+    started = [start(tmp_path, 0, 2, "gathers", gather=[b"zero", b"again"]),
+               start(tmp_path, 1, 2, "gathers", gather=["not bytes", b"again"])]
+    first, second = finish(started)
+    assert second["error"] == ("InvalidArgument", "data: expected bytes, got str")
+    assert first["error"] == ("InvalidArgument", "host domain 1 refused its part: data: expected bytes, got str")
+
+
+def test_a_second_host_domain_zero_under_one_job_is_refused_while_the_first_meets(tmp_path):
+    """Two runs given one directory and job: the second's host domain 0 would take the first's place and its peers."""
+    started = [start(tmp_path, 0, 2, "shared", timeout=30)]
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "shared" / "rendezvous").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with uform.Executor.for_ram(threads=1) as executor:
+        with pytest.raises(uform.InvalidArgument, match=f"^job: a host domain 0 is meeting under {tmp_path}/shared "
+                                                        "already"):
+            uform.Mesh.bootstrap(executor, 0, 2, str(tmp_path), "shared", timeout=5)
+    started.append(start(tmp_path, 1, 2, "shared", timeout=30))
+    assert all("error" not in result for result in finish(started))
+
+
+def test_a_config_refused_before_the_library_fails_every_process_at_once(tmp_path):
+    started = [start(tmp_path, p, 2, "config", timeout=60, config=config("contrastive", hidden=200 if p else 128),
+                     batches=[]) for p in range(2)]
+    first, second = finish(started)
+    assert second["error"][0] == "InvalidArgument" and second["error"][1].startswith("config.hidden: 200")
+    assert first["error"][0] == "InvalidArgument", first
+    assert first["error"][1].startswith("host domain 1 could not make its trainer: config.hidden: 200")
+    assert first["waited"] < 10  # not the mesh's 60 s timeout
+
+
+def test_processes_stepping_different_trainers_fail_naming_them(tmp_path):
+    """Host domain 1 steps its second trainer while host domain 0 steps its first: of one geometry, their gradients
+    would mix without a word."""
+    trainer_config, whole = config("contrastive"), whole_batch(PAIRS)
+    started = [start(tmp_path, p, 2, "trainers", timeout=30, config=trainer_config, second_first=p == 1,
+                     second_config=config("contrastive", seed=5), batches=[share(whole, 4 * p, 4 * p + 4)])
+               for p in range(2)]
+    first, second = finish(started)
+    assert first["error"] == ("PeerError", "mesh: host domain 1 steps its trainer 1 (in the order its trainers were "
+                              "made on the mesh) to step 1, this process its trainer 0 to step 1: every process steps "
+                              "the same trainer to the same step")
+    assert second["error"][0] == "PeerError" and "host domain 0 steps its trainer 0" in second["error"][1], second
+
+
 def test_processes_of_different_configs_are_refused_naming_the_field(tmp_path):
     started = [start(tmp_path, p, 2, "configs", config=config("contrastive", seed=p), batches=[]) for p in range(2)]
     for result in finish(started):  # the lower host domain first, on every process alike
@@ -386,7 +449,8 @@ def test_a_trainer_on_another_executor_is_refused_and_its_peers_fail_at_once(tmp
                      other_executor=p == 1) for p in range(2)]
     first, second = finish(started)
     assert second["error"] == ("InvalidArgument", "mesh: joined with another executor than this one")
-    assert first["error"][0] == "PeerError" and "host domain 1 hung up" in first["error"][1]
+    assert first["error"] == ("InvalidArgument", "host domain 1 could not make its trainer: mesh: joined with another "
+                              "executor than this one")
     assert first["waited"] < 10  # not the mesh's 60 s timeout
 
 

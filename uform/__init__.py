@@ -499,8 +499,27 @@ class Mesh(_Native):
         try:
             part = bytes(memoryview(data).cast("B"))
         except TypeError:
-            raise InvalidArgument(f"data: expected bytes, got {type(data).__name__}") from None
+            refused = InvalidArgument(f"data: expected bytes, got {type(data).__name__}")
+            self._refuse(refused, wait=True)
+            raise refused from None
         return self._executor._worker_thread().run(lambda: native.gather(part), "gather")
+
+    def _refuse(self, refused: BaseException, wait: bool = False) -> None:
+        """Takes this process's part, refused, in the collective its peers are in when a verb refuses its arguments
+        before it reaches the library: their step, trainer or gather fails naming this process and `refused`,
+        rather than pair itself with this process's next verb. In turn after the verbs submitted before; `wait`
+        for it, or leave it queued."""
+        if self._count < 2 or self._native is None:
+            return
+        native, reason = self._native, str(refused)
+        worker = self._executor._worker_thread()
+        if wait:
+            try:
+                worker.run(lambda: native.refuse(reason), "mesh refusal")
+            except Error:  # the peers' failure is theirs to raise; this process raises its own
+                pass
+        else:
+            worker.submit(lambda: native.refuse(reason))
 
     def free(self) -> None:
         """Frees the mesh; harmless when already freed. Raises `uform.Busy` while a live trainer borrows it."""
@@ -651,9 +670,14 @@ class Trainer(_OnExecutor):
             raise InvalidArgument(f"executor: expected a uform.Executor, got {type(executor).__name__}")
         if mesh is not None and not isinstance(mesh, Mesh):
             raise InvalidArgument(f"mesh: expected a uform.Mesh, got {type(mesh).__name__}")
-        if executor.kind != ("vram" if vram else "ram"):
-            raise InvalidArgument(f"executor: a {executor.kind.upper()} executor; use Trainer.init_{executor.kind}")
-        normalized = normalize_trainer_config(config)
+        try:
+            if executor.kind != ("vram" if vram else "ram"):
+                raise InvalidArgument(f"executor: a {executor.kind.upper()} executor; use Trainer.init_{executor.kind}")
+            normalized = normalize_trainer_config(config)
+        except Exception as refused:  # the peers are making their trainers: they fail alike, naming this process
+            if mesh is not None:
+                mesh._refuse(refused, wait=True)
+            raise
         native = _native.TrainerHandle.init(
             vram, executor._handle(), normalized, None if mesh is None else mesh._handle()
         )
@@ -689,7 +713,12 @@ class Trainer(_OnExecutor):
 
         `lookahead`, for deferred steps, decodes the batch's media while the steps submitted before it run."""
         native = self._handle()
-        inputs, decoded, holder = self._inputs(batch)
+        try:
+            inputs, decoded, holder = self._inputs(batch)
+        except Exception as refused:  # the peers' step fails alike, naming this process, in turn after those before
+            if self._mesh is not None:
+                self._mesh._refuse(refused)
+            raise
         releases = [] if holder is None else [holder._release]
 
         def release() -> None:
@@ -702,8 +731,10 @@ class Trainer(_OnExecutor):
             c_scalar = _native.C_ENUMS["scalar"][scalar.value]
             if arena is not None:
                 releases.append(arena._claim("config.arena"))
-        except BaseException:
+        except BaseException as refused:
             release()
+            if self._mesh is not None and isinstance(refused, Exception):
+                self._mesh._refuse(refused)
             raise
         ahead, landing = None, None
 

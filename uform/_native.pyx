@@ -258,6 +258,17 @@ cdef class MeshHandle(Handle):
             uform_mesh_gathered_free(gathered)
         return parts
 
+    def refuse(self, str reason):
+        """Takes this process's part in the collective its peers are in, refusing it with `reason`."""
+        cdef uform_mesh_t mesh = self.live()
+        cdef const char* message = NULL
+        cdef uform_status_t status
+        cdef bytes text = reason.encode("utf-8", "replace")
+        cdef const char* pointer = text
+        with nogil:
+            status = uform_mesh_refuse(mesh, pointer, &message)
+        check(status, message, "uform_mesh_refuse")
+
 
 # ---------------------------------------------------------------------------------------------- #
 #  Batches: pinned buffers                                                                         #

@@ -68,7 +68,10 @@ def _minutes(value: Any, path: str, zero: str = "0 saves by steps alone") -> flo
 
 
 def _timeout(value: Any, path: str) -> float:
-    return _minutes(value, path, "0 waits the default 5")
+    minutes = _minutes(value, path, "0 waits the default 5")
+    if minutes > 1e9 / 60:  # the library's bound, a billion seconds
+        raise InvalidArgument(f"{path}: {minutes:g} minutes; at most {1e9 / 60:.6g} (a billion seconds)")
+    return minutes
 
 
 def _as_given(value: Any, path: str) -> Any:
@@ -247,8 +250,8 @@ def load_config(path: str) -> TrainConfig:
     if checkpoints.keep < 1:
         raise InvalidArgument("checkpoints.keep: 0; a run keeps at least its newest checkpoint")
     mesh = _plain_section(MeshSection, sections.get("mesh", {}), "mesh")
-    if mesh.host_domain_count < 1:
-        raise InvalidArgument("mesh.host_domain_count: 0; a run has one process or more")
+    if mesh.host_domain_count < 1 or mesh.host_domain_count > 65536:
+        raise InvalidArgument(f"mesh.host_domain_count: {mesh.host_domain_count}; a run has 1 to 65536 processes")
     if mesh.host_domain_count > 1 and run.device == "gpu":
         raise Unsupported("mesh.host_domain_count: meshes of several processes train on CPUs (run.device = \"cpu\"); "
                           "GPU meshes need NCCL, which this build lacks")
@@ -258,6 +261,8 @@ def load_config(path: str) -> TrainConfig:
     if mesh.directory is not None and not mesh.directory.strip():
         raise InvalidArgument("mesh.directory: empty; leave it out for the run folder's mesh/, or name a folder")
     mesh.directory = owned(mesh.directory) if mesh.directory is not None else os.path.join(run.folder, "mesh")
+    if os.path.exists(mesh.directory) and not os.path.isdir(mesh.directory):  # before the run folder is made
+        raise InvalidArgument(f"mesh.directory: {mesh.directory} is not a folder")
     return TrainConfig(path, run, trainer, data, evaluation, checkpoints, mesh)
 
 

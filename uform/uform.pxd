@@ -248,6 +248,7 @@ cdef extern from "uform.h" nogil:
                                      uint64_t* sizes, const char** error)
     void uform_mesh_gathered_free(void* gathered)
     void uform_mesh_abandon() nogil
+    uform_status_t uform_mesh_refuse(uform_mesh_t mesh, const char* reason, const char** error) nogil
 
     uform_status_t uform_trainer_init_ram(uform_executor_t executor, const uform_trainer_init_vram_t* config,
                                           uform_mesh_t mesh, uform_trainer_t* trainer, const char** error)

@@ -542,6 +542,20 @@ UFORM_API uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, 
 UFORM_API void uform_mesh_gathered_free(void* gathered);
 
 /**
+ *  @brief Takes this process's part in the collective its peers are in, refusing it with `reason`: for a caller that
+ *  refuses a step, a trainer or a gather on its own before calling the verb (a binding's checks of its arguments).
+ *  Peers in a step fail it with `uform_status_invalid_argument_k` ("host domain 1 refused its share of the step:
+ *  ..."), as for a share the library refuses; peers making a trainer or gathering fail alike ("host domain 1 refused
+ *  its part: ..."). The mesh stays whole, and every process goes on to its next verb. On a mesh of one process it
+ *  does nothing. Without it, the peers would pair their verb with this process's next one.
+ *  @param[in] mesh The mesh.
+ *  @param[in] reason What the peers' message quotes.
+ *  @param[out] error The message on failure; may be NULL.
+ *  @return `uform_status_peer_k` when a peer hung up or stayed silent past the mesh's timeout.
+ */
+UFORM_API uform_status_t uform_mesh_refuse(uform_mesh_t mesh, char const* reason, char const** error);
+
+/**
  *  @brief Ends at once every wait for peers in progress in this process: a meeting (`uform_mesh_bootstrap`) or an
  *  exchange of a step or a gather. Each fails within a fifth of a second with `uform_status_peer_k` ("abandoned"),
  *  and a mesh whose exchange it ends is broken, as when a peer hangs up; waits that begin later are not affected.

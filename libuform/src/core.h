@@ -99,6 +99,7 @@ typedef struct uform_mesh_s {
     uform_transport_t const* transport; /* NULL for a mesh of one process */
     void* link;                         /* the transport's own state; NULL once broken */
     bool broken;                        /* a collective failed: the processes are out of step for good */
+    uint32_t trainers;                  /* trainers made on it so far: each step names its own */
     pthread_mutex_t lock;               /* one collective at a time, whichever trainer calls it */
 } uform_mesh_s;
 
@@ -109,6 +110,9 @@ uform_status_t uform_mesh_all_gather(uform_mesh_s* mesh, void const* mine, size_
 uform_status_t uform_mesh_broadcast(uform_mesh_s* mesh, void* data, size_t bytes, char const** error);
 uform_status_t uform_mesh_sum(uform_mesh_s* mesh, float* sum, float* scratch, float const* const* parts,
                               size_t parts_count, size_t length, char const** error);
+/** Takes this process's part in the collective its peers are in with a failed `status` and `reason`, as the verbs'
+ *  first exchanges carry one, so that every process fails that verb alike and the mesh stays in step. */
+uform_status_t uform_mesh_refused(uform_mesh_s* mesh, uform_status_t status, char const* reason, char const** error);
 /** Breaks the mesh: a process that fails between collectives hangs up, so its peers fail rather than wait. */
 void uform_mesh_break(uform_mesh_s* mesh);
 /** Breaks the mesh and fails naming `peer`, found in another exchange (`theirs`) while this process `doing`. */
@@ -452,6 +456,7 @@ typedef struct uform_spread_t {
     uform_packed_t** packs;     /* (devices) */
     /* On a mesh of several processes, every process's devices in host-domain order; one process alone is all. */
     uform_mesh_s* mesh;         /* NULL for one process */
+    uint32_t trainer;           /* the trainer's place among the mesh's, in the order they were made */
     uint32_t processes, first_device, all_devices; /* this process's first device among all */
     uint32_t* process_devices;  /* (processes + 1) each process's first device */
     size_t first_item, items;   /* this process's items in the step */
@@ -482,9 +487,11 @@ uform_status_t uform_spread_init(uform_spread_t** spread, uform_executor_s const
 void uform_spread_free(uform_spread_t* spread);
 /** Splits a step over the devices and packs each device's run, as `uform_batch_pack` does for one; then `whole`
  *  holds the step's counts and gathered lists, over every process's items on a mesh. Writes only scratch: a refused
- *  batch leaves the run as it was, on every process of a mesh, which all refuse it. */
+ *  batch leaves the run as it was, on every process of a mesh, which all refuse it. `refused`, where not success,
+ *  is the caller's own refusal (its message the thread's), which the step's exchange passes on as its own. */
 uform_status_t uform_spread_pack(uform_spread_t* spread, uform_config_t const* config, uform_trainer_step_t const* step,
-                                 uform_decoded_s const* decoded, uint64_t step_number, char const** error);
+                                 uform_decoded_s const* decoded, uint64_t step_number, uform_status_t refused,
+                                 char const** error);
 /** Runs the packed step on every device, the gathered terms over all of them, and the all-reduce: every replica
  *  then holds the summed gradients, and scalars of the whole step, ready for one update. */
 uform_status_t uform_spread_gradients(uform_spread_t* spread, uform_layout_t const* layout,

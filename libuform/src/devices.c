@@ -64,6 +64,7 @@ uform_status_t uform_spread_init(uform_spread_t** spread, uform_executor_s const
     if (!s) return uform_fail(error, uform_status_out_of_memory_k, "no memory for %u devices", devices);
     s->devices = devices, s->backend = executor->backend;
     s->mesh = mesh, s->processes = processes, s->first_device = first, s->all_devices = all;
+    s->trainer = mesh ? mesh->trainers++ : 0; /* every process makes its trainers in one order, or steps go astray */
     s->replicas = calloc(devices, sizeof(uform_replica_t*));
     s->packs = calloc(devices, sizeof(uform_packed_t*));
     s->firsts = calloc(all + 1, sizeof(size_t));
@@ -310,23 +311,39 @@ static uform_status_t uform_spread_share(uform_spread_t* s, uform_status_t statu
 }
 
 /* Where every process's items start in the whole step: the processes agree on their counts before any packs, since
-   the draws read each item's index in the whole step. */
-static uform_status_t uform_spread_count(uform_spread_t* s, uform_status_t status, size_t count, char const** error) {
+   the draws read each item's index in the whole step. Each names its trainer (its place among the mesh's) and the
+   step it takes, so that processes stepping different trainers, or one at different steps, fail on every process
+   rather than mix their gradients. */
+static uform_status_t uform_spread_count(uform_spread_t* s, uform_status_t status, size_t count, uint64_t step,
+                                         char const** error) {
     uform_bytes_t mine = {0};
-    uint32_t code = 0;
-    uint64_t items = count;
+    uint32_t code = 0, trainer = s->trainer, their_trainer = 0;
+    uint64_t items = count, their_step = 0;
     uform_bytes_put(&mine, &code, sizeof(code));
     uform_bytes_put(&mine, &items, sizeof(items));
+    uform_bytes_put(&mine, &trainer, sizeof(trainer));
+    uform_bytes_put(&mine, &step, sizeof(step));
+    size_t const expected = mine.size;
     uint8_t* gathered = NULL;
     status = uform_spread_share(s, status, &mine, &gathered, error);
     s->first_item = 0;
     size_t at = 0;
-    for (uint32_t p = 0; status == uform_status_success_k && p != s->mesh->host_domain_index; at += s->sizes[p++]) {
-        if (s->sizes[p] != sizeof(code) + sizeof(items))
+    for (uint32_t p = 0; status == uform_status_success_k && p != s->processes; at += s->sizes[p++]) {
+        if (s->sizes[p] != expected) {
             status = uform_fail(error, uform_status_peer_k, "mesh: host domain %u counted its items in %zu bytes", p,
                                 s->sizes[p]);
-        else memcpy(&items, gathered + at + sizeof(code), sizeof(items));
-        s->first_item += items;
+            break;
+        }
+        memcpy(&items, gathered + at + sizeof(code), sizeof(items));
+        memcpy(&their_trainer, gathered + at + sizeof(code) + sizeof(items), sizeof(their_trainer));
+        memcpy(&their_step, gathered + at + sizeof(code) + sizeof(items) + sizeof(their_trainer), sizeof(their_step));
+        if (their_trainer != trainer || their_step != step)
+            status = uform_fail(error, uform_status_peer_k,
+                                "mesh: host domain %u steps its trainer %u (in the order its trainers were made on the "
+                                "mesh) to step %llu, this process its trainer %u to step %llu: every process steps the "
+                                "same trainer to the same step", p, their_trainer, (unsigned long long)their_step,
+                                trainer, (unsigned long long)step);
+        else if (p < s->mesh->host_domain_index) s->first_item += items;
     }
     if (gathered != mine.data) free(gathered);
     free(mine.data);
@@ -533,13 +550,14 @@ static uform_status_t uform_spread_check(uform_spread_t* s, uform_config_t const
 }
 
 uform_status_t uform_spread_pack(uform_spread_t* s, uform_config_t const* config, uform_trainer_step_t const* step,
-                                 uform_decoded_s const* decoded, uint64_t step_number, char const** error) {
-    uform_status_t status = uform_spread_check(s, config, step, decoded, error);
+                                 uform_decoded_s const* decoded, uint64_t step_number, uform_status_t refused,
+                                 char const** error) {
+    uform_status_t status = refused != uform_status_success_k ? refused : uform_spread_check(s, config, step, decoded, error);
     /* On a mesh every process takes part in every exchange, so that a share refused anywhere fails the step
        everywhere, and nobody waits for a peer that gave up. */
     size_t count = status == uform_status_success_k ? step->count : 0;
     s->first_item = 0, s->items = count;
-    if (s->mesh) status = uform_spread_count(s, status, count, error);
+    if (s->mesh) status = uform_spread_count(s, status, count, step_number, error);
     if (s->mesh && status != uform_status_success_k) return status; /* every process failed alike */
     for (uint32_t d = 0; d != s->devices && status == uform_status_success_k; ++d) {
         size_t first = uform_spread_first(s, d), items = uform_spread_items(s, d); /* within this process's items */

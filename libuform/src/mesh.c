@@ -412,9 +412,10 @@ static uform_status_t uform_rendezvous_write(uform_meeting_t const* m, uint8_t c
     return uform_status_success_k;
 }
 
-/* Reads host domain 0's file; answers 0, with `why` set, while it is absent or not a file of this count. */
+/* Reads host domain 0's file; answers 0, with `why` set, while it is absent or not a file of this count (of any count
+   where `counted` is given, which then receives it). */
 static int uform_rendezvous_read(uform_meeting_t const* m, uint8_t nonce[16], char* host, unsigned* port, char* why,
-                                 size_t capacity) {
+                                 size_t capacity, unsigned* counted) {
     FILE* file = fopen(m->file, "r");
     if (!file) {
         snprintf(why, capacity, "%.300s: %s", m->file, strerror(errno));
@@ -428,7 +429,8 @@ static int uform_rendezvous_read(uform_meeting_t const* m, uint8_t nonce[16], ch
         snprintf(why, capacity, "%.300s is not a rendezvous file", m->file);
         return 0;
     }
-    if (count != m->count) { /* an earlier run's, or a peer counting otherwise: the message names it */
+    if (counted) *counted = count;
+    else if (count != m->count) { /* an earlier run's, or a peer counting otherwise: the message names it */
         snprintf(why, capacity, "%.300s counts %u processes, not %u", m->file, count, m->count);
         return 0;
     }
@@ -489,7 +491,30 @@ static uform_status_t uform_verdict_send(uform_sockets_t* s, uform_status_t stat
     return status;
 }
 
+/* Refuses to meet where host domain 0 of another run is meeting now, rather than take its place and its peers: its
+   file names a listener that answers a hello with its nonce. A file left by a run that has ended points at nobody,
+   or at a listener that holds another nonce, and is written over. */
+static uform_status_t uform_meeting_free(uform_meeting_t const* m, char const** error) {
+    char host[256] = "", why[512];
+    unsigned port = 0, count = 0;
+    uint8_t nonce[16];
+    if (!uform_rendezvous_read(m, nonce, host, &port, why, sizeof(why), &count)) return uform_status_success_k;
+    double deadline = uform_now() + 2;
+    int peer = uform_connect(host, port, deadline, why, sizeof(why));
+    if (peer < 0) return uform_status_success_k;
+    uform_hello_t hello = {.magic = uform_mesh_magic_k, .index = 0, .count = count}; /* index 0 is taken: it hangs up */
+    memcpy(hello.nonce, nonce, 16);
+    int live = uform_socket_write(peer, &hello, sizeof(hello), deadline, 0, "", NULL) == uform_status_success_k &&
+               uform_socket_read(peer, &hello, sizeof(hello), deadline, 0, "", NULL) == uform_status_success_k &&
+               hello.magic == uform_mesh_magic_k && !memcmp(hello.nonce, nonce, 16);
+    close(peer);
+    return live ? UFORM_INVALID("job: a host domain 0 is meeting under %s already (at %s port %u): give each run a "
+                                "job of its own; in one run, one process is host domain 0", m->folder, host, port)
+                : uform_status_success_k;
+}
+
 static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_sockets_t* s, char const** error) {
+    UFORM_TRY(uform_meeting_free(m, error));
     int listener = socket(AF_INET, SOCK_STREAM, 0), on = 1;
     struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = 0};
     socklen_t length = sizeof(address);
@@ -557,7 +582,7 @@ static uform_status_t uform_meet_as_peer(uform_meeting_t const* m, uform_sockets
         uint8_t nonce[16];
         unsigned port = 0;
         int peer = -1;
-        if (uform_rendezvous_read(m, nonce, host, &port, why, sizeof(why)))
+        if (uform_rendezvous_read(m, nonce, host, &port, why, sizeof(why), NULL))
             peer = uform_connect(host, port, m->deadline, why, sizeof(why));
         if (peer < 0) {
             uform_pause(0.05);
@@ -704,8 +729,11 @@ uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, size_t byt
         for (uint32_t p = 0; status == uform_status_success_k && p != count; at += measured[p++]) {
             uint32_t theirs = 0;
             if (measured[p] >= 4) memcpy(&theirs, all + at, 4);
-            if (theirs != mark) {
-                status = uform_mesh_out_of_step(joined, p, "a step?", "gathers", error);
+            if (theirs != mark) { /* a refusal (`uform_mesh_refuse`) leaves every process in step; anything else not */
+                status = theirs && theirs <= uform_status_peer_k
+                             ? uform_fail(error, (uform_status_t)theirs, "host domain %u refused its part: %.*s", p,
+                                          (int)(measured[p] - 4), (char const*)all + at + 4)
+                             : uform_mesh_out_of_step(joined, p, "a step?", "gathers", error);
                 break;
             }
             memmove(all + kept, all + at + 4, measured[p] - 4), kept += measured[p] - 4, sizes[p] = measured[p] - 4;
@@ -723,6 +751,28 @@ uform_status_t uform_mesh_gather(uform_mesh_t mesh, void const* data, size_t byt
 }
 
 void uform_mesh_gathered_free(void* gathered) { free(gathered); }
+
+uform_status_t uform_mesh_refused(uform_mesh_s* mesh, uform_status_t status, char const* reason, char const** error) {
+    if (!mesh->transport) return uform_status_success_k;
+    size_t length = strlen(reason) > 1000 ? 1000 : strlen(reason), *sizes = malloc(mesh->host_domain_count * sizeof(size_t));
+    uint8_t part[4 + 1000], *gathered = NULL;
+    uint32_t code = (uint32_t)status;
+    memcpy(part, &code, 4), memcpy(part + 4, reason, length);
+    uform_status_t shared = sizes ? uform_mesh_all_gather(mesh, part, 4 + length, &gathered, sizes, error)
+                                  : uform_fail(error, uform_status_out_of_memory_k, "no memory to refuse");
+    free(sizes), free(gathered);
+    return shared;
+}
+
+uform_status_t uform_mesh_refuse(uform_mesh_t mesh, char const* reason, char const** error) {
+    if (!reason) return UFORM_INVALID("reason: NULL");
+    void* object;
+    uform_status_t status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &object, error);
+    if (status != uform_status_success_k) return status;
+    status = uform_mesh_refused(object, uform_status_invalid_argument_k, reason, error);
+    uform_handles_release(object);
+    return status;
+}
 
 uform_status_t uform_mesh_free(uform_mesh_t mesh, char const** error) {
     void* object;

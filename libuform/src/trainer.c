@@ -310,9 +310,10 @@ static uform_status_t uform_trainer_init(uform_executor_t executor, int vram, uf
         status = uform_handles_acquire(mesh, uform_handle_mesh_k, "mesh", &peers, error);
     /* The mesh's processes meet with the executors they joined with, whose devices they count. */
     if (status == uform_status_success_k && peers && ((uform_mesh_s*)peers)->executor != devices) {
-        status = uform_fail(error, uform_status_invalid_argument_k, "mesh: joined with another executor than this one");
-        /* Its peers wait for this trainer: hang up on them rather than let them wait out the timeout. */
-        if (((uform_mesh_s*)peers)->transport) uform_mesh_break(peers);
+        char const* reason = "mesh: joined with another executor than this one";
+        /* Its peers wait for this trainer: they fail making theirs too, and the mesh stays whole for the next try. */
+        uform_mesh_refused(peers, uform_status_invalid_argument_k, reason, NULL);
+        status = uform_fail(error, uform_status_invalid_argument_k, "%s", reason);
     }
     if (status == uform_status_success_k) status = uform_trainer_make(devices, peers, config, trainer, error);
     if (status != uform_status_success_k) uform_handles_release(devices), uform_handles_release(peers);
@@ -445,19 +446,19 @@ static uform_status_t uform_trainer_queue(uform_trainer_s* trainer, uform_flight
                                           char const** error) {
     uform_trainer_step_t* step = flight->step;
     double start = uform_seconds(), prepared = start;
-    if (step->embeddings && (unsigned)step->embeddings_scalar > uform_scalar_i8_k)
-        return uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
-                          (int)step->embeddings_scalar);
     uint64_t next = flight->next;
     void* decoded = NULL;
-    uform_status_t status = step->decoded ? uform_handles_acquire(step->decoded, uform_handle_decoded_k, "step.decoded",
-                                                                  &decoded, error)
-                                          : uform_status_success_k;
+    uform_status_t status = uform_status_success_k;
+    if (step->embeddings && (unsigned)step->embeddings_scalar > uform_scalar_i8_k)
+        status = uform_fail(error, uform_status_invalid_argument_k, "step.embeddings_scalar: %d is not a scalar type",
+                            (int)step->embeddings_scalar);
+    if (status == uform_status_success_k && step->decoded)
+        status = uform_handles_acquire(step->decoded, uform_handle_decoded_k, "step.decoded", &decoded, error);
     if (status == uform_status_success_k && decoded && ((uform_decoded_s*)decoded)->owner != trainer->self)
         status = uform_fail(error, uform_status_invalid_argument_k, "step.decoded: decoded by another trainer");
     uform_spread_t* spread = trainer->spread;
-    if (status == uform_status_success_k && spread)
-        status = uform_spread_pack(spread, &trainer->config, step, decoded, next, error);
+    if (spread) /* on a mesh, a step this process refuses still takes its part, so that every process refuses it */
+        status = uform_spread_pack(spread, &trainer->config, step, decoded, next, status, error);
     else if (status == uform_status_success_k)
         status = uform_batch_pack(&trainer->packed, &trainer->config, step, decoded, next, 0, 0, error);
     uform_handles_release(decoded);
