@@ -178,39 +178,25 @@ def test_any_spread_of_devices_over_processes_trains_alike(tmp_path, processes, 
         assert_same_bits(result["weights"], want_weights, "weights")
 
 
-def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains(tmp_path):
+# A share the library refuses, and one Python's own checks refuse before it reaches the library, which still takes
+# its part in the step's exchange so that the peers' step fails naming it, rather than pair with its next step.
+@pytest.mark.parametrize("bad,message", [(dict(contents=[b"fine", b"", b"fine", b"fine"]), "batch.contents[1]: empty"),
+                                         (dict(modalities=["text"] * 2), "batch.modalities: 2 entries")])
+def test_a_share_refused_anywhere_is_refused_everywhere_and_the_next_step_trains(tmp_path, bad, message):
     trainer_config = config("contrastive")
     whole = whole_batch(PAIRS)
     good = [share(whole, 0, 4), share(whole, 4, 8)]
-    bad = dict(good[1], contents=[b"fine", b"", b"fine", b"fine"])
     started = [start(tmp_path, 0, 2, "refused", config=trainer_config, batches=[good[0]] * 3),
-               start(tmp_path, 1, 2, "refused", config=trainer_config, batches=[good[1], bad, good[1]])]
+               start(tmp_path, 1, 2, "refused", config=trainer_config, batches=[good[1], dict(good[1], **bad), good[1]])]
     first, second = finish(started)
     assert "error" not in first and "error" not in second, (first, second)
-    assert "host domain 1 refused its share of the step: batch.contents[1]: empty" in first["stats"][1]["refused"]
-    assert second["stats"][1]["refused"].startswith("batch.contents[1]: empty")
+    assert f"host domain 1 refused its share of the step: {message}" in first["stats"][1]["refused"]
+    assert second["stats"][1]["refused"].startswith(message)
     assert [s["step"] for s in (first["stats"][0], first["stats"][2])] == [1, 2]
     assert_same_bits(first["weights"], second["weights"], "weights")
 
 
-def test_a_share_refused_before_the_library_is_refused_everywhere_and_the_next_step_trains(tmp_path):
-    """Refused by Python's own checks, a share still takes its part in the step's exchange: the peers' step fails
-    naming it, rather than pair itself with this process's next step."""
-    trainer_config = config("contrastive")
-    whole = whole_batch(PAIRS)
-    good = [share(whole, 0, 4), share(whole, 4, 8)]
-    bad = dict(good[1], modalities=good[1]["modalities"][:2])
-    started = [start(tmp_path, 0, 2, "python", config=trainer_config, batches=[good[0]] * 3),
-               start(tmp_path, 1, 2, "python", config=trainer_config, batches=[good[1], bad, good[1]])]
-    first, second = finish(started)
-    assert "error" not in first and "error" not in second, (first, second)
-    assert "host domain 1 refused its share of the step: batch.modalities: 2 entries" in first["stats"][1]["refused"]
-    assert second["stats"][1]["refused"].startswith("batch.modalities: 2 entries")
-    assert [s["step"] for s in (first["stats"][0], first["stats"][2])] == [1, 2]
-    assert_same_bits(first["weights"], second["weights"], "weights")
-
-
-def test_a_gather_refused_before_the_library_fails_every_process_and_the_next_one_gathers(tmp_path):
+def test_a_gather_refused_before_the_library_fails_every_process_alike(tmp_path):
     started = [start(tmp_path, 0, 2, "gathers", gather=[b"zero", b"again"]),
                start(tmp_path, 1, 2, "gathers", gather=["not bytes", b"again"])]
     first, second = finish(started)
