@@ -204,6 +204,16 @@ def test_a_gather_refused_before_the_library_fails_every_process_alike(tmp_path)
     assert first["error"] == ("InvalidArgument", "host domain 1 refused its part: data: expected bytes, got str")
 
 
+def test_processes_counting_otherwise_fail_at_once_naming_both_counts(tmp_path):
+    started = [start(tmp_path, 0, 2, "counts", timeout=60), start(tmp_path, 1, 3, "counts", timeout=60)]
+    first, second = finish(started)
+    assert first["error"] == ("InvalidArgument", f"host_domain_count: 2 here, but host domain 1 came under "
+                              f"{tmp_path}/counts counting 3")
+    assert second["error"] == ("InvalidArgument", f"host_domain_count: 3 here, but host domain 0 under "
+                               f"{tmp_path}/counts counts 2")
+    assert first["seconds"] < 20 and second["seconds"] < 20  # not the 60 s timeout
+
+
 def test_a_second_host_domain_zero_under_one_job_is_refused_while_the_first_meets(tmp_path):
     """Two runs given one directory and job: the second's host domain 0 would take the first's place and its peers."""
     started = [start(tmp_path, 0, 2, "shared", timeout=30)]

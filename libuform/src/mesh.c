@@ -551,6 +551,7 @@ static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_socket
             continue;
         }
         int taken = hello.index > 0 && hello.index < m->count && s->peers[hello.index] >= 0;
+        uint32_t theirs = hello.count;
         hello.answer = hello.count != m->count ? uform_mesh_wrong_count_k
                        : taken || !hello.index || hello.index >= m->count ? uform_mesh_taken_k
                                                                          : uform_mesh_welcome_k;
@@ -558,6 +559,9 @@ static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_socket
         int answered = uform_socket_write(peer, &hello, sizeof(hello), wait, 0, "", NULL) == uform_status_success_k;
         if (answered && hello.answer == uform_mesh_welcome_k) s->peers[hello.index] = peer, ++joined;
         else close(peer);
+        if (hello.answer == uform_mesh_wrong_count_k) /* this run's nonce: a process of it counts otherwise */
+            status = UFORM_INVALID("host_domain_count: %u here, but host domain %u came under %s counting %u",
+                                   m->count, hello.index, m->folder, theirs);
     }
     close(listener);
     remove(m->file); /* this run is whole or given up: no later peer should find it */
@@ -580,9 +584,10 @@ static uform_status_t uform_meet_as_peer(uform_meeting_t const* m, uform_sockets
             return uform_fail(error, uform_status_peer_k, "mesh: abandoned while waiting for host domain 0 under %s",
                               m->folder);
         uint8_t nonce[16];
-        unsigned port = 0;
+        unsigned port = 0, counted = 0;
         int peer = -1;
-        if (uform_rendezvous_read(m, nonce, host, &port, why, sizeof(why), NULL))
+        /* A file of another count is read too: its host domain 0, if it answers, says so, and both fail at once. */
+        if (uform_rendezvous_read(m, nonce, host, &port, why, sizeof(why), &counted))
             peer = uform_connect(host, port, m->deadline, why, sizeof(why));
         if (peer < 0) {
             uform_pause(0.05);
