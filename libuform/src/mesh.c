@@ -494,7 +494,7 @@ static uform_status_t uform_verdict_send(uform_sockets_t* s, uform_status_t stat
 /* Refuses to meet where host domain 0 of another run is meeting now, rather than take its place and its peers: its
    file names a listener that answers a hello with its nonce. A file left by a run that has ended points at nobody,
    or at a listener that holds another nonce, and is written over. */
-static uform_status_t uform_meeting_free(uform_meeting_t const* m, char const** error) {
+static uform_status_t uform_meeting_unclaimed(uform_meeting_t const* m, char const** error) {
     char host[256] = "", why[512];
     unsigned port = 0, count = 0;
     uint8_t nonce[16];
@@ -514,7 +514,7 @@ static uform_status_t uform_meeting_free(uform_meeting_t const* m, char const** 
 }
 
 static uform_status_t uform_meet_as_first(uform_meeting_t const* m, uform_sockets_t* s, char const** error) {
-    UFORM_TRY(uform_meeting_free(m, error));
+    UFORM_TRY(uform_meeting_unclaimed(m, error));
     int listener = socket(AF_INET, SOCK_STREAM, 0), on = 1;
     struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = 0};
     socklen_t length = sizeof(address);
@@ -759,7 +759,8 @@ void uform_mesh_gathered_free(void* gathered) { free(gathered); }
 
 uform_status_t uform_mesh_refused(uform_mesh_s* mesh, uform_status_t status, char const* reason, char const** error) {
     if (!mesh->transport) return uform_status_success_k;
-    size_t length = strlen(reason) > 1000 ? 1000 : strlen(reason), *sizes = malloc(mesh->host_domain_count * sizeof(size_t));
+    size_t length = strlen(reason) > 1000 ? 1000 : strlen(reason);
+    size_t* sizes = malloc(mesh->host_domain_count * sizeof(size_t));
     uint8_t part[4 + 1000], *gathered = NULL;
     uint32_t code = (uint32_t)status;
     memcpy(part, &code, 4), memcpy(part + 4, reason, length);
