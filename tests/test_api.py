@@ -307,6 +307,9 @@ def test_wrong_types_name_the_field(cpu, overrides, field):
          "config.batch.max_segments_per_device: 4800 is over 4096 (derived as 8 per row: give it, 4096 or fewer)"),
         (dict(batch=dict(max_rows_per_device=600, max_columns_per_row=16, max_segments_per_device=5000)),
          "config.batch.max_segments_per_device: 5000 is over 4096"),
+        (dict(batch=dict(max_columns_per_row=16), masking=dict(token_mean_span=17)),
+         "config.masking.token_mean_span: 17 is over config.batch.max_columns_per_row = 16, so spans would be cut "
+         "at items' ends and fewer positions chosen than token_mask_probability"),
     ],
 )
 def test_values_the_c_library_refuses_are_worded_exactly(cpu, overrides, message):

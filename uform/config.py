@@ -472,7 +472,7 @@ class Masking:
     """How the masked objective corrupts a batch and weighs its heads."""
 
     token_mask_probability: Optional[float] = _field(_F32, doc="Share of text positions chosen; absent derives 0.15.")
-    token_mean_span: Optional[float] = _field(_F32, doc="Mean length of a chosen span; absent derives 3.")
+    token_mean_span: Optional[float] = _field(_F32, doc="Mean span length, 1 to max_columns_per_row; absent derives 3.")
     replace_fraction: Optional[float] = _field(_F32, doc="Chosen positions shown as the mask id; absent derives 0.8.")
     random_fraction: Optional[float] = _field(_F32, doc="Chosen positions shown as a random byte; absent derives 0.1.")
     image_mask_ratio: Optional[float] = _field(_F32, doc="Absent derives 0.75.")

@@ -257,7 +257,7 @@ typedef struct uform_batch_shape_t {
 /** @brief How the masked objective corrupts a batch and weighs its heads. */
 typedef struct uform_masking_t {
     float token_mask_probability; /**< Share of text positions chosen; 0 derives 0.15. */
-    float token_mean_span;        /**< Mean length of a chosen span, >= 1; 0 derives 3. */
+    float token_mean_span;        /**< Mean length of a chosen span, in [1, max_columns_per_row]; 0 derives 3. */
     float replace_fraction;       /**< Chosen positions shown as the mask id; 0 derives 0.8. */
     float random_fraction;        /**< Chosen positions shown as a random byte; 0 derives 0.1. */
     float image_mask_ratio;       /**< 0 derives 0.75. */

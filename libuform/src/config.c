@@ -121,6 +121,10 @@ uform_status_t uform_config_derive(uform_config_t* config, uform_trainer_init_vr
     uform_masking_t* masking = &c->masking;
     if (masking->token_mean_span < 1)
         return UFORM_INVALID("config.masking.token_mean_span: %g is below 1", (double)masking->token_mean_span);
+    if (given->masking.token_mean_span > batch->max_columns_per_row) /* cut at items' ends: too few chosen; given only */
+        return UFORM_INVALID("config.masking.token_mean_span: %g is over config.batch.max_columns_per_row = %u, so "
+                             "spans would be cut at items' ends and fewer positions chosen than token_mask_probability",
+                             (double)masking->token_mean_span, batch->max_columns_per_row);
     if (masking->replace_fraction + masking->random_fraction > 1)
         return UFORM_INVALID("config.masking: replace_fraction %g + random_fraction %g is over 1%s",
                              (double)masking->replace_fraction, (double)masking->random_fraction,
