@@ -5,10 +5,8 @@
  *          each one's time, for the GELU products (forward and gradient) of a layer at depth 12 /
  *          hidden 512 / 64 x 512 tokens and plain products of a layer's shapes (the kernel's
  *          yardstick), plus ragged shapes; the sums (plain d, GELU's aux) are also checked against a
- *          float32 loop; each with the library's tiles 128 and 192 columns wide, results stored through shared
- *          memory and from registers ("ours/128r"). Times include each
- *          call's host work (tensor maps, cuBLASLt's heuristic), which shows on the small shapes. Exits
- *          with 1 when any comparison fails.
+ *          float32 loop. Times include each call's host work (tensor maps, cuBLASLt's heuristic), which
+ *          shows on the small shapes. Exits with 1 when any comparison fails.
  *
  *      nvcc -O3 -std=c++17 -arch=sm_90a -Ilibuform/src/vram -I<cuBLAS include> bench/gemm.cu \
  *           -L<cuBLAS lib> -lcublasLt -o gemm && ./gemm
@@ -29,8 +27,6 @@ static void* workspace;
 static size_t const workspace_bytes = 32 << 20;
 static int multiprocessors;
 static uform_hopper_encoder_t encode;
-static int tile_n;   /* the library's tiles' columns: every comparison runs for 128 and 192 */
-static bool direct; /* its results stored from registers: every comparison runs both ways */
 
 __global__ void fill(bf16* values, size_t count, unsigned seed, float scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
@@ -90,8 +86,7 @@ static void blas_product(uform_hopper_epilogue_t epilogue, bf16* d, bf16* aux, b
 
 static void ours(uform_hopper_epilogue_t epilogue, bf16* d, bf16* aux, bf16 const* a, bf16 const* b, size_t m,
                  size_t n, size_t k) {
-    cudaError_t error =
-        uform_hopper_product(encode, multiprocessors, 0, false, tile_n, direct, epilogue, d, aux, a, b, m, n, k);
+    cudaError_t error = uform_hopper_product(encode, multiprocessors, 0, false, epilogue, d, aux, a, b, m, n, k);
     if (error != cudaSuccess) {
         std::printf("uform_hopper_product: %s\n", cudaGetErrorString(error));
         std::exit(1);
@@ -131,9 +126,9 @@ static void compare(char const* name, uform_hopper_epilogue_t epilogue, size_t m
     float blas_ms = time_ms([&] { blas_product(epilogue, d_blas, aux_blas, a, b, m, n, k); });
     float ours_ms = time_ms([&] { ours(epilogue, d_ours, aux_ours, a, b, m, n, k); });
     double flops = 2.0 * m * n * k;
-    std::printf("%-10s %-13s %6zu x %5zu x %5zu  cuBLASLt %7.1f us (%4.0f TFLOP/s)  ours/%d%s %7.1f us (%4.0f TFLOP/s)"
+    std::printf("%-10s %-13s %6zu x %5zu x %5zu  cuBLASLt %7.1f us (%4.0f TFLOP/s)  ours %7.1f us (%4.0f TFLOP/s)"
                 "  differ %.2e  from float32 loop %.2e\n",
-                name, names[epilogue], m, n, k, blas_ms * 1e3, flops / blas_ms / 1e9, tile_n, direct ? "r" : " ", ours_ms * 1e3,
+                name, names[epilogue], m, n, k, blas_ms * 1e3, flops / blas_ms / 1e9, ours_ms * 1e3,
                 flops / ours_ms / 1e9, against_blas, against_loop);
     /* Sums round the same float32 values once; GELU and its slope differ by formula (2^-11). */
     if (against_blas > (epilogue == uform_hopper_plain_k ? 1e-2 : 2e-2) || against_loop > 1e-2) {
@@ -151,20 +146,17 @@ int main() {
     cublasLtCreate(&blas);
     cudaMalloc(&workspace, workspace_bytes);
     size_t tokens = 64 * 512, hidden = 512, wide = 4 * hidden;
-    for (int way = 0; way != 4; ++way) {
-        tile_n = way % 2 ? 192 : 128, direct = way / 2;
-        compare("ragged", uform_hopper_plain_k, 1000, 200, 72);
-        compare("ragged", uform_hopper_gelu_backward_k, 333, 136, 520);
-        compare("ragged", uform_hopper_gelu_backward_k, 257, 8, 8);
-        compare("ragged", uform_hopper_gelu_k, 333, 136, 520);
-        compare("short k", uform_hopper_plain_k, 4096, 1024, 64); /* many tiles a block, fewer slices than stages */
-        compare("short k", uform_hopper_gelu_backward_k, 4096, 1024, 200);
-        compare("qkv", uform_hopper_plain_k, tokens, 3 * hidden, hidden);
-        compare("up", uform_hopper_gelu_k, tokens, wide, hidden);
-        compare("d_wide", uform_hopper_gelu_backward_k, tokens, wide, hidden);
-        compare("d_normed", uform_hopper_plain_k, tokens, hidden, wide);
-        compare("d_attn", uform_hopper_plain_k, tokens, hidden, hidden);
-        compare("d_normed1", uform_hopper_plain_k, tokens, hidden, 3 * hidden);
-    }
+    compare("ragged", uform_hopper_plain_k, 1000, 200, 72);
+    compare("ragged", uform_hopper_gelu_backward_k, 333, 136, 520);
+    compare("ragged", uform_hopper_gelu_backward_k, 257, 8, 8);
+    compare("ragged", uform_hopper_gelu_k, 333, 136, 520);
+    compare("short k", uform_hopper_plain_k, 4096, 1024, 64); /* many tiles a block, fewer slices than stages */
+    compare("short k", uform_hopper_gelu_backward_k, 4096, 1024, 200);
+    compare("qkv", uform_hopper_plain_k, tokens, 3 * hidden, hidden);
+    compare("up", uform_hopper_gelu_k, tokens, wide, hidden);
+    compare("d_wide", uform_hopper_gelu_backward_k, tokens, wide, hidden);
+    compare("d_normed", uform_hopper_plain_k, tokens, hidden, wide);
+    compare("d_attn", uform_hopper_plain_k, tokens, hidden, hidden);
+    compare("d_normed1", uform_hopper_plain_k, tokens, hidden, 3 * hidden);
     return failures ? std::printf("%d comparisons failed\n", failures), 1 : 0;
 }

@@ -59,15 +59,6 @@ void* uform_vram_hopper_attention(uform_vram_context_t* context) {
     /* UFORM_HOPPER_ATTENTION=0 keeps cuDNN's on Hopper too: to compare the two. */
     char const* wanted = getenv("UFORM_HOPPER_ATTENTION");
     if (!uform_hopper_ready(context->ordinal) || (wanted && !strcmp(wanted, "0"))) return nullptr;
-    /* UFORM_ATTENTION_RING=3 or 4 streams the forward's keys and values through that many stages, not 2: to compare. */
-    char const* ring = getenv("UFORM_ATTENTION_RING");
-    context->attention_ring = ring && (!strcmp(ring, "3") || !strcmp(ring, "4")) ? ring[0] - '0' : 2;
-    /* UFORM_ATTENTION_FULL_BLOCKS=1 masks only the blocks of keys an item ends in: to compare. */
-    char const* full = getenv("UFORM_ATTENTION_FULL_BLOCKS");
-    context->attention_full_blocks = full && !strcmp(full, "1");
-    /* UFORM_ATTENTION_OVERLAP=1 takes each block's softmax while the block before multiplies v: to compare. */
-    char const* overlap = getenv("UFORM_ATTENTION_OVERLAP");
-    context->attention_overlapped = overlap && !strcmp(overlap, "1");
     /* The counter starts at zero, and every launch leaves it so. */
     if (cudaMemsetAsync(uform_vram_attention_counter(context), 0, 2 * sizeof(unsigned), context->stream) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -83,8 +74,7 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
                                                 uform_vram_dependent_launches, (uform_bf16_t*)out, statistics,
                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
                                                 items->count, items->longest, tokens, hidden, tokens,
-                                                uform_vram_attention_counter(context), context->attention_ring,
-                                                context->attention_full_blocks, context->attention_overlapped),
+                                                uform_vram_attention_counter(context)),
                             "the attention's forward pass");
 }
 
@@ -100,6 +90,6 @@ uform_status_t uform_vram_hopper_attention_backward(uform_vram_context_t* contex
                                                  (uform_bf16_t const*)d_out, (uform_bf16_t const*)out, statistics,
                                                  (uform_bf16_t const*)qkv, turns, (uint32_t const*)items->segments,
                                                  items->count, items->longest, tokens, hidden, tokens,
-                                                 uform_vram_attention_counter(context), context->attention_full_blocks),
+                                                 uform_vram_attention_counter(context)),
                             "the attention's backward pass");
 }

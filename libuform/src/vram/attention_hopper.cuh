@@ -52,13 +52,12 @@ constexpr unsigned turns_bytes = block_q * (width / 2) * sizeof(float2); /* a un
 constexpr size_t keys_extra = 2 * stages * 2 * block_q * sizeof(float); /* the keys' pass's statistics */
 
 /** A block's shared memory (`layout_t`): its two buffers of `resident` tiles and their turns (where `turned`), the
- *  ring of `ring` stages, `extra`, the barriers. */
-constexpr size_t block_bytes(int resident, size_t extra, int ring = stages, bool turned = true) {
-    return 1024 /* alignment */ + 2 * (resident * box_bytes + (turned ? turns_bytes : 0)) + 2 * ring * box_bytes +
-           extra + (4 + 2 * ring) * 8 + 8;
+ *  ring, `extra`, the barriers. */
+constexpr size_t block_bytes(int resident, size_t extra, bool turned = true) {
+    return 1024 /* alignment */ + 2 * (resident * box_bytes + (turned ? turns_bytes : 0)) + 2 * stages * box_bytes +
+           extra + (4 + 2 * stages) * 8 + 8;
 }
 static_assert(block_bytes(3, 0) <= 227 * 1024, "the queries' pass fits a multiprocessor's shared memory");
-static_assert(block_bytes(1, 0, 4, false) <= 227 * 1024, "the forward's deepest ring fits too");
 
 struct arguments_t {
     __nv_bfloat16* out;       /* forward: (tokens, hidden) */
@@ -71,7 +70,6 @@ struct arguments_t {
     int hidden, heads, stride; /* stride: at least the tokens */
     int blocks;               /* 128-token blocks of the longest item */
     int units;                /* items x heads x blocks, which the blocks of the grid take in turn */
-    int full_blocks;          /* a block of keys wholly within its item skips the masking of keys past its end */
 };
 
 /** A tile to load: the tensor map and the column where its 64 columns start. */
@@ -156,13 +154,13 @@ __device__ __forceinline__ bool unit_at(arguments_t const& args, int index, unit
 }
 
 /*  A block's shared memory: two buffers of its units' `resident` tiles (one being used while the next unit's load),
-    each followed by the unit's rows of the turns where the kernel takes turns (`turned`), the ring of `ring` pairs of
+    each followed by the unit's rows of the turns where the kernel takes turns (`turned`), the ring of `stages` pairs of
     tiles streamed past them, the caller's `extra` bytes, then the barriers. */
 struct layout_t {
     uint8_t* resident[2];
     uint8_t* ring;
     uint8_t* extra;
-    uint64_t *resident_full, *resident_empty, *full, *empty; /* [2], [2], [ring], [ring] */
+    uint64_t *resident_full, *resident_empty, *full, *empty; /* [2], [2], [stages], [stages] */
     int* taken; /* [2]: the unit each resident buffer holds; `units` or more for none left */
 };
 
@@ -172,20 +170,20 @@ __device__ __forceinline__ float2 const* turns_after(uint8_t const* tiles) {
     return (float2 const*)(tiles + resident * box_bytes);
 }
 
-template <int resident, int ring = stages, bool turned = true>
+template <int resident, bool turned = true>
 __device__ __forceinline__ layout_t lay_out(uint8_t* raw, size_t extra) {
     layout_t l;
     uint8_t* base = raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
     size_t const buffer = resident * box_bytes + (turned ? turns_bytes : 0);
     l.resident[0] = base, l.resident[1] = base + buffer;
     l.ring = base + 2 * buffer;
-    l.extra = l.ring + 2 * ring * box_bytes;
+    l.extra = l.ring + 2 * stages * box_bytes;
     l.resident_full = (uint64_t*)(l.extra + extra);
-    l.resident_empty = l.resident_full + 2, l.full = l.resident_empty + 2, l.empty = l.full + ring;
-    l.taken = (int*)(l.empty + ring);
+    l.resident_empty = l.resident_full + 2, l.full = l.resident_empty + 2, l.empty = l.full + stages;
+    l.taken = (int*)(l.empty + stages);
     if (threadIdx.x == 0) {
         for (int b = 0; b != 2; ++b) barrier_init(&l.resident_full[b], 1), barrier_init(&l.resident_empty[b], 8);
-        for (int s = 0; s != ring; ++s) barrier_init(&l.full[s], 1), barrier_init(&l.empty[s], 8);
+        for (int s = 0; s != stages; ++s) barrier_init(&l.full[s], 1), barrier_init(&l.empty[s], 8);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -199,7 +197,7 @@ __device__ __forceinline__ layout_t lay_out(uint8_t* raw, size_t extra) {
     more of them), and for each, its `resident` tiles (the unit's 128 tokens; `resident_box(unit, i)` gives tile i's
     map and column), then the item's blocks of 128 tokens of two streamed tiles each (`streamed_box`) through the
     ring, one pass round the ring continuing the last. Which block computes a unit changes nothing in its result. */
-template <int resident, int ring, typename resident_t, typename streamed_t>
+template <int resident, typename resident_t, typename streamed_t>
 __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l, resident_t resident_box,
                                      streamed_t streamed_box) {
     unsigned entry = 0;
@@ -231,8 +229,8 @@ __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l,
                            "r"(shared_address(&l.resident_full[b]))
                          : "memory");
         for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
-            int stage = entry % ring;
-            barrier_wait(&l.empty[stage], ((entry / ring) & 1) ^ 1);
+            int stage = entry % stages;
+            barrier_wait(&l.empty[stage], ((entry / stages) & 1) ^ 1);
             barrier_expect(&l.full[stage], 2 * box_bytes);
             for (int i = 0; i != 2; ++i) {
                 box_t box = streamed_box(unit, i);
@@ -244,11 +242,11 @@ __device__ __forceinline__ void load(arguments_t const& args, layout_t const& l,
 }
 
 /** The loading warpgroup's part: it gives its registers up, and its first thread loads. */
-template <int resident, int ring = stages, typename resident_t, typename streamed_t>
+template <int resident, typename resident_t, typename streamed_t>
 __device__ __forceinline__ void loader(arguments_t const& args, layout_t const& l, resident_t resident_box,
                                        streamed_t streamed_box) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x == 2 * consumers) load<resident, ring>(args, l, resident_box, streamed_box);
+    if (threadIdx.x == 2 * consumers) load<resident>(args, l, resident_box, streamed_box);
 }
 
 /** A multiplying warpgroup's sequence over the units its loading thread took: `step(unit, resident tiles, ring
@@ -275,14 +273,14 @@ __device__ __forceinline__ void multiply_units(arguments_t const& args, layout_t
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /*  The forward's softmax of block j of scores s (64 x 128, this warpgroup's fragment), kept online: masks the keys
-    past the item's end (in every block, or with `full_blocks` the one the item ends in), moves the rows' running
+    past the item's end (only the block the item ends in has any), moves the rows' running
     `maximum`, rescales their `sum` and returns in `correction` what rescales their output, turns s into the block's
     probabilities and adds them to `sum`. Thread (warp w, lane l) holds keys 8c + 2(l % 4) and the next (values 4c,
     4c + 1) of query row 16w + l / 4, and the same keys 8 rows below (4c + 2, 4c + 3). */
 __device__ __forceinline__ void soften(float (&s)[64], float (&maximum)[2], float (&sum)[2], float (&correction)[2],
-                                       int j, int length, bool full_blocks) {
+                                       int j, int length) {
     int const key0 = j * block_k + 2 * (threadIdx.x % 32 % 4);
-    if (!full_blocks || (j + 1) * block_k > length) /* the keys past the item's end: none */
+    if ((j + 1) * block_k > length) /* a block wholly within the item: nothing to mask, and ~14 % fewer instructions */
 #pragma unroll
         for (int c = 0; c != 16; ++c)
 #pragma unroll
@@ -334,21 +332,15 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint8_t const* q_ro
 #endif
 
 /*  The forward pass: out and lse for 128 queries of an item and a head (resident: q), over the item's
-    keys and values (streamed through a ring of `ring` stages: it takes no turns, so it has room for more
-    than the backward passes' two), the softmax kept online: each block of scores moves the running
-    maximum, rescales the running sum and output, and adds its own.
-
-    `overlapped` (a trial): in its turn a warpgroup issues block j's scores and block j - 1's product with v
-    together, and takes block j's softmax while that product runs, as FlashAttention-3 does within a
-    warpgroup; the output is rescaled once the product has landed. The same sums in the same order: the
-    same bits. Block j's keys and values are released one block later, so it wants a ring of 3 or more. */
-template <int ring, bool overlapped>
+    keys and values (streamed through the ring), the softmax kept online: each block of scores moves the
+    running maximum, rescales the running sum and output, and adds its own. It takes no turns, so its
+    layout leaves their shared memory out. */
 __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensorMap const qkv, arguments_t args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t raw[];
-    layout_t const l = lay_out<1, ring, false>(raw, 0);
+    layout_t const l = lay_out<1, false>(raw, 0);
     if (threadIdx.x >= 2 * consumers)
-        return loader<1, ring>(args, l, [&](unit_t const& unit, int) { return box_t{&qkv, unit.head * width}; },
+        return loader<1>(args, l, [&](unit_t const& unit, int) { return box_t{&qkv, unit.head * width}; },
                          [&](unit_t const& unit, int i) { return box_t{&qkv, (1 + i) * args.hidden + unit.head * width}; });
     int const group = threadIdx.x / consumers, lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
     multiply_units(args, l, [&](unit_t const& unit, uint8_t const* tiles, unsigned& entry) {
@@ -356,70 +348,25 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
 #pragma unroll
         for (int i = 0; i != 32; ++i) o[i] = 0;
         uint8_t const* q_rows = tiles + group * 64 * 128;
-        if (!overlapped) {
-            for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
-                int stage = entry % ring;
-                uint8_t const* k_rows = l.ring + 2 * stage * box_bytes;
-                float s[64], correction[2];
-                barrier_wait(&l.full[stage], (entry / ring) & 1);
-                take_turn(group);
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-                issue_scores(s, q_rows, k_rows);
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                pass_turn(group);
-                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-                pin(s);
-                soften(s, maximum, sum, correction, j, unit.length, args.full_blocks);
-#pragma unroll
-                for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
-                uint32_t p[8][4];
-                pack_operand(p, s);
-                accumulate_in_turn(group, o, p, k_rows + box_bytes);
-                if (lane == 0) barrier_arrive(&l.empty[stage]);
-            }
-        } else {
-            /* Each turn issues block j's scores and block j - 1's product with v; block j's softmax runs while that
-               product does. The wait for it comes first in the next pass round the loop, ahead of the rescaling and
-               the packing of block j's probabilities into the operand registers it reads: there the assembler, which
-               moves a wait up as far as its basic block lets it, cannot move it above the softmax. Before block 0, s
-               holds zeros and the correction is 1, so the first product adds zeros to zeros: the same issue every
-               block, and the same sums as the plain loop. */
-            float s[64], correction[2] = {1, 1};
-#pragma unroll
-            for (int i = 0; i != 64; ++i) s[i] = 0;
-            uint32_t p[8][4];
-            int held = entry % ring, released = -1; /* the stages of blocks j - 1 and j - 2 */
-            for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
-                int stage = entry % ring;
-                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); /* block j - 2's product */
-                pin32(o);
-                if (released >= 0 && lane == 0) barrier_arrive(&l.empty[released]);
-#pragma unroll
-                for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
-                pack_operand(p, s);
-                barrier_wait(&l.full[stage], (entry / ring) & 1);
-                take_turn(group);
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-                issue_scores(s, q_rows, l.ring + 2 * stage * box_bytes);
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-#pragma unroll
-                for (int t = 0; t != 8; ++t)
-                    multiply_pv(o, p[t], descriptor(l.ring + (2 * held + 1) * box_bytes + t * 16 * 128));
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                pass_turn(group);
-                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); /* the scores; the product runs on */
-                pin(s);
-                soften(s, maximum, sum, correction, j, unit.length, args.full_blocks);
-                released = j ? held : -1, held = stage;
-            }
+        for (int j = 0; j * block_k < unit.length; ++j, ++entry) {
+            int stage = entry % stages;
+            uint8_t const* k_rows = l.ring + 2 * stage * box_bytes;
+            float s[64], correction[2];
+            barrier_wait(&l.full[stage], (entry / stages) & 1);
+            take_turn(group);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            issue_scores(s, q_rows, k_rows);
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            pass_turn(group);
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            pin32(o);
-            if (released >= 0 && lane == 0) barrier_arrive(&l.empty[released]);
+            pin(s);
+            soften(s, maximum, sum, correction, j, unit.length);
 #pragma unroll
             for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
+            uint32_t p[8][4];
             pack_operand(p, s);
-            accumulate_in_turn(group, o, p, l.ring + (2 * held + 1) * box_bytes); /* the last block's */
-            if (lane == 0) barrier_arrive(&l.empty[held]);
+            accumulate_in_turn(group, o, p, k_rows + box_bytes);
+            if (lane == 0) barrier_arrive(&l.empty[stage]);
         }
 #pragma unroll
         for (int r = 0; r != 2; ++r) {
@@ -548,7 +495,7 @@ __global__ void __launch_bounds__(threads, 1)
             /* Value i: key 8(i / 4) + (i % 2) of row i / 2 % 2. p is 0 past the item's end. */
 #pragma unroll
             for (int i = 0; i != 64; ++i) s[i] = exp2_approx(fmaf(s[i], scale_log2, -row_lse[i / 2 % 2]));
-            if (!args.full_blocks || (j + 1) * block_k > unit.length)
+            if ((j + 1) * block_k > unit.length) /* only the block the item ends in has keys past it */
 #pragma unroll
                 for (int i = 0; i != 64; ++i)
                     if (key0 + 8 * (i / 4) + (i % 2) >= unit.length) s[i] = 0.0f;
@@ -692,31 +639,19 @@ static inline cudaError_t launch(void (*kernel)(Parameters...), dim3 shape, size
 
 /** Launches the forward pass on `stream`: out (tokens, hidden) for the items' rows and lse (heads, stride). `segments`
  *  holds `count` items as (start, length, -, -) on the device; `longest` is the longest item's length; `counter` is
- *  two words of device memory, zeros before the first launch, that every launch leaves zeros. `ring`: the stages of
- *  keys and values in flight, 2 to 4. `full_blocks` leaves the keys' mask out of blocks wholly within their item
- *  (the same bits, fewer instructions), here and in the backward pass's queries' pass. `overlapped` takes each
- *  block's softmax while the block before multiplies v (the same bits; a ring of 3 at least). */
+ *  two words of device memory, zeros before the first launch, that every launch leaves zeros. */
 static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                               bool dependent, __nv_bfloat16* out, float* lse, __nv_bfloat16 const* qkv,
                                               uint32_t const* segments, size_t count, size_t longest, size_t tokens,
-                                              size_t hidden, size_t stride, unsigned* counter, int ring = 2,
-                                              bool full_blocks = false, bool overlapped = false) {
+                                              size_t hidden, size_t stride, unsigned* counter) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {out, nullptr, lse, nullptr, segments, counter};
-    args.full_blocks = full_blocks;
     dim3 shape;
     if (!count) return cudaSuccess;
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;
     CUtensorMap qkv_map;
     if (!uform_hopper_map(encode, &qkv_map, qkv, tokens, 3 * hidden, block_q)) return cudaErrorInvalidValue;
-    typedef void (*kernel_t)(CUtensorMap, uform_flash::arguments_t);
-    kernel_t const kernels[3][2] = {{forward<2, false>, forward<3, true>},
-                                    {forward<3, false>, forward<3, true>},
-                                    {forward<4, false>, forward<4, true>}};
-    ring = ring < 2 ? 2 : ring > 4 ? 4 : ring;
-    ring = overlapped && ring < 3 ? 3 : ring;
-    return launch(kernels[ring - 2][overlapped], shape, block_bytes(1, 0, ring, false), stream, dependent, qkv_map,
-                  args);
+    return launch(forward, shape, block_bytes(1, 0, false), stream, dependent, qkv_map, args);
 }
 
 /** Launches both backward passes on `stream`: d_qkv's rows of the items (other rows untouched), through delta
@@ -727,11 +662,9 @@ static inline cudaError_t uform_flash_backward(uform_hopper_encoder_t encode, in
                                                __nv_bfloat16 const* d_out, __nv_bfloat16 const* out, float const* lse,
                                                __nv_bfloat16 const* qkv, float2 const* turns,
                                                uint32_t const* segments, size_t count, size_t longest, size_t tokens,
-                                               size_t hidden, size_t stride, unsigned* counter,
-                                               bool full_blocks = false) {
+                                               size_t hidden, size_t stride, unsigned* counter) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {nullptr, d_qkv, (float*)lse, delta, segments, counter, turns};
-    args.full_blocks = full_blocks;
     dim3 shape;
     if (!count) return cudaSuccess;
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;

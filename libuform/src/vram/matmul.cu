@@ -42,9 +42,6 @@ struct uform_vram_product_t {
 struct uform_vram_products_t {
     std::map<uform_vram_shape_t, uform_vram_product_t*> planned;
     uform_hopper_encoder_t hopper = nullptr; /* the tensor-map encoder, where the library's Hopper kernels run */
-    int tile_n = 128;                        /* their tiles' columns */
-    bool direct = false;                     /* their results stored from registers */
-    int whole = 0;                           /* cuBLASLt's products unsplit over k: 1 the bf16 ones, 2 all */
 };
 
 enum { uform_vram_blas_workspace_k = 32 << 20 }; /* what cuBLASLt's Hopper kernels ask for at most */
@@ -62,12 +59,11 @@ bool uform_vram_hopper_takes(uform_vram_context_t* context, size_t m, size_t n, 
 uform_status_t uform_vram_hopper_product(uform_vram_context_t* context, uform_hopper_epilogue_t epilogue, void* d,
                                          void* aux, void const* a, void const* b, size_t m, size_t n, size_t k,
                                          char const* call) {
-    uform_vram_products_t const* products = (uform_vram_products_t const*)context->matmuls;
-    return uform_vram_check(uform_hopper_product(products->hopper, context->multiprocessors, context->stream,
-                                                 uform_vram_dependent_launches, products->tile_n, products->direct,
-                                                 epilogue,
-                                                 (uform_bf16_t*)d, (uform_bf16_t*)aux, (uform_bf16_t const*)a,
-                                                 (uform_bf16_t const*)b, m, n, k),
+    uform_hopper_encoder_t encode = ((uform_vram_products_t const*)context->matmuls)->hopper;
+    return uform_vram_check(uform_hopper_product(encode, context->multiprocessors, context->stream,
+                                                 uform_vram_dependent_launches, epilogue, (uform_bf16_t*)d,
+                                                 (uform_bf16_t*)aux, (uform_bf16_t const*)a, (uform_bf16_t const*)b,
+                                                 m, n, k),
                             call);
 }
 
@@ -213,20 +209,7 @@ uform_status_t uform_vram_plan(uform_vram_context_t* context, uform_vram_shape_t
                                                                       CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                       &workspace, sizeof(workspace)),
                                  "cublasLtMatmulPreferenceSetAttribute");
-    uint32_t unsplit = CUBLASLT_REDUCTION_SCHEME_NONE;
-    bool unsplit_asked = ((uform_vram_products_t*)context->matmuls)->whole > (float_output ? 1 : 0);
-    if (status == uform_status_success_k && unsplit_asked)
-        status = uform_vram_blas(cublasLtMatmulPreferenceSetAttribute(preference,
-                                                                      CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                                      &unsplit, sizeof(unsplit)),
-                                 "cublasLtMatmulPreferenceSetAttribute (reduction)");
-    bool ready = status == uform_status_success_k;
-    if (ready) status = uform_vram_choose(context, shape, product, preference);
-    if (ready && status != uform_status_success_k && unsplit_asked) { /* none unsplit: any, as without the trial */
-        uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
-        cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof(any));
-        status = uform_vram_choose(context, shape, product, preference);
-    }
+    if (status == uform_status_success_k) status = uform_vram_choose(context, shape, product, preference);
     if (preference) cublasLtMatmulPreferenceDestroy(preference);
     if (status != uform_status_success_k) {
         delete product;
@@ -283,16 +266,6 @@ uform_status_t uform_vram_matmul_open(uform_vram_context_t* context) {
     char const* wanted = getenv("UFORM_HOPPER_PRODUCTS");
     if (uform_hopper_ready(context->ordinal) && !(wanted && !strcmp(wanted, "0")))
         products->hopper = uform_hopper_encoder();
-    /* UFORM_HOPPER_TILE=192 gives them tiles 192 columns wide: to compare the two. */
-    char const* tile = getenv("UFORM_HOPPER_TILE");
-    if (tile && !strcmp(tile, "192")) products->tile_n = 192;
-    /* UFORM_HOPPER_STORES=registers stores their results from registers rather than through shared memory. */
-    char const* stores = getenv("UFORM_HOPPER_STORES");
-    products->direct = stores && !strcmp(stores, "registers");
-    /* UFORM_BLAS_WHOLE=1 keeps cuBLASLt from splitting its bf16 products over k (where it zeroes a workspace
-       first: a memset and a launch more a product), =2 its float32 weight gradients too, to compare. */
-    char const* whole = getenv("UFORM_BLAS_WHOLE");
-    products->whole = whole && (!strcmp(whole, "1") || !strcmp(whole, "2")) ? whole[0] - '0' : 0;
     cublasLtHandle_t handle = nullptr;
     uform_status_t status = uform_vram_blas(cublasLtCreate(&handle), "cublasLtCreate");
     context->blas = handle;

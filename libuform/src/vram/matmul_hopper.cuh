@@ -4,15 +4,14 @@
  *          accumulation: the product whose epilogue cuBLASLt runs slowly (GELU's gradient).
  *
  *  Both operands are row-major with k contiguous ("K-major"). A persistent grid of one block a
- *  multiprocessor walks 128 x N tiles of d, N 128 or 192 (`tile_n`). In a block, one thread loads
- *  64-column slices of a (128 rows) and b (N rows) with the tensor memory accelerator into a ring of
- *  stages (five for N = 128, three for 192; 128-byte swizzle, zeros past the matrices' edges), and
- *  two warpgroups take the tiles in turn: each multiplies its tile's slices with `wgmma` (two
- *  64 x N x 16 instructions per 16 columns of k), holding the 128 x N sums in registers, then runs
- *  the epilogue while the other warpgroup multiplies its own tile. Each warpgroup owns a 128 x N
- *  bf16 tile of shared memory: the loading thread fills it with the tile's aux while the products
- *  run, the epilogue replaces each element with its result in place, and the tensor memory
- *  accelerator stores it to d, so no thread waits on global memory:
+ *  multiprocessor walks 128 x 128 tiles of d. In a block, one thread loads 128 x 64 slices of a and b
+ *  with the tensor memory accelerator into a ring of five stages (128-byte swizzle, zeros past the
+ *  matrices' edges), and two warpgroups take the tiles in turn: each multiplies its tile's slices
+ *  with `wgmma` (two 64 x 128 x 16 instructions per 16 columns of k), holding the 128 x 128 sums in
+ *  registers, then runs the epilogue while the other warpgroup multiplies its own tile. Each
+ *  warpgroup owns a 128 x 128 bf16 tile of shared memory: the loading thread fills it with the
+ *  tile's aux while the products run, the epilogue replaces each element with its result in place,
+ *  and the tensor memory accelerator stores it to d, so no thread waits on global memory:
  *
  *    plain:          d = bf16(sum)
  *    gelu:           d = bf16(gelu(sum)), aux = bf16(sum)  (aux stored first, through the same tile)
@@ -22,12 +21,8 @@
  *  where `tanhf` or an exponential and a division would make the epilogue outlast a k = 512 tile's
  *  products.
  *
- *  A tile 192 wide reads 1.5 times the columns of b for each slice of a, so shared memory, the bound
- *  of these products, serves fewer bytes a product (`bench/RESULTS.md`); it leaves room for three
- *  stages. `UFORM_HOPPER_TILE=192` picks it, to compare the two. By the same account an epilogue
- *  moving its tile through shared memory twice (written by the threads, read by the copy) slows the
- *  other warpgroup's products: `UFORM_HOPPER_STORES=registers` has each thread store its results to
- *  global memory itself, 16 bytes at a time (`finish_direct`), to compare.
+ *  Tiles 192 columns wide, and results stored from registers rather than through shared memory, were
+ *  tried and measured slower a training step (`bench/RESULTS.md`, 2026-12-05, session 11).
  *
  *  Every output element is one thread's sum over k in a fixed order: deterministic, no split of k.
  *  The instructions exist on sm_90a only: the host launches the kernel on compute capability 9.0
@@ -50,23 +45,14 @@ enum uform_hopper_epilogue_t {
 
 namespace uform_hopper {
 
-constexpr int tile_m = 128, tile_k = 64;
+constexpr int tile_m = 128, tile_n = 128, tile_k = 64, stages = 5;
+static_assert((2 * stages + 6) * 8 <= 128, "the barriers fit their 128 bytes");
 constexpr int consumers = 128, threads = 3 * consumers; /* two warpgroups multiply, one thread of the third loads */
-constexpr unsigned tile_bytes = tile_m * tile_k * 2;      /* one stage of a: 16 KiB */
+constexpr unsigned tile_bytes = tile_m * tile_k * 2;      /* one stage of a, and of b: 16 KiB each */
 constexpr unsigned half_bytes = tile_m * 64 * 2;          /* 64 columns of an output tile: one 128-byte-swizzled box */
-
-/** What a tile `tile_n` columns wide sets: the ring's stages are as many as fit beside the output tiles. */
-template <int tile_n> struct wide_t {
-    static_assert(tile_n == 128 || tile_n == 192, "a wgmma instruction of this width is written below");
-    static constexpr int boxes = tile_n / 64;                     /* an output tile's boxes of 64 columns */
-    static constexpr int held = tile_n / 2;                       /* sums a thread holds for 64 of the tile's rows */
-    static constexpr unsigned b_bytes = tile_n * tile_k * 2;      /* one stage of b */
-    static constexpr int stages = tile_n == 128 ? 5 : 3;
-    static constexpr size_t shared_bytes =
-        1024 /* alignment */ + stages * (tile_bytes + b_bytes) + 2 * boxes * half_bytes + 128 /* barriers */;
-    static_assert((2 * stages + 6) * 8 <= 128, "the barriers fit their 128 bytes");
-    static_assert(shared_bytes <= 227 * 1024, "a block's shared memory fits a Hopper multiprocessor");
-};
+constexpr size_t shared_bytes =
+    1024 /* alignment */ + 2 * stages * tile_bytes + 2 * 2 * half_bytes + 128 /* barriers */;
+static_assert(shared_bytes <= 227 * 1024, "a block's shared memory fits a Hopper multiprocessor");
 
 /** GELU (tanh form) at x, with the hardware's tanh. */
 __device__ __forceinline__ float gelu(float x) {
@@ -143,154 +129,67 @@ __device__ __forceinline__ uint64_t descriptor(void const* pointer) {
     return ((address & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+/** d (64 x 128, this warpgroup's fragment) += a (64 x 16) x b (128 x 16)^T, or = when `accumulate` is 0. */
+__device__ __forceinline__ void multiply(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
 #define UFORM_F8(i)                                                                                                    \
     "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]),    \
         "+f"(d[i + 7])
-#define UFORM_R10(i)                                                                                                   \
-    "%" #i "0, %" #i "1, %" #i "2, %" #i "3, %" #i "4, %" #i "5, %" #i "6, %" #i "7, %" #i "8, %" #i "9, "
-
-/** d (64 x 128, this warpgroup's fragment) += a (64 x 16) x b (128 x 16)^T, or = when `accumulate` is 0. */
-__device__ __forceinline__ void multiply(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
     asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " UFORM_R10(1) UFORM_R10(2) UFORM_R10(3) UFORM_R10(4)
-                     UFORM_R10(5) "%60, %61, %62, %63}, "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
                  "%64, %65, p, 1, 1, 0, 0; }"
                  : UFORM_F8(0), UFORM_F8(8), UFORM_F8(16), UFORM_F8(24), UFORM_F8(32), UFORM_F8(40), UFORM_F8(48),
                    UFORM_F8(56)
                  : "l"(a), "l"(b), "r"(accumulate));
-}
-
-/** d (64 x 192) += a (64 x 16) x b (192 x 16)^T, or = when `accumulate` is 0. */
-__device__ __forceinline__ void multiply(float (&d)[96], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " UFORM_R10(1) UFORM_R10(2) UFORM_R10(3) UFORM_R10(4)
-                     UFORM_R10(5) UFORM_R10(6) UFORM_R10(7) UFORM_R10(8) "%90, %91, %92, %93, %94, %95}, "
-                 "%96, %97, p, 1, 1, 0, 0; }"
-                 : UFORM_F8(0), UFORM_F8(8), UFORM_F8(16), UFORM_F8(24), UFORM_F8(32), UFORM_F8(40), UFORM_F8(48),
-                   UFORM_F8(56), UFORM_F8(64), UFORM_F8(72), UFORM_F8(80), UFORM_F8(88)
-                 : "l"(a), "l"(b), "r"(accumulate));
-}
-#undef UFORM_R10
 #undef UFORM_F8
+}
 
 /** Keeps the compiler from moving reads or writes of the sums across the asynchronous products. */
-template <int held> __device__ __forceinline__ void pin(float (&d)[held]) {
+__device__ __forceinline__ void pin(float (&d)[64]) {
 #pragma unroll
-    for (int i = 0; i != held; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i != 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #endif
 
 struct arguments_t {
     int m, n, k;
-    __nv_bfloat16 *d, *aux; /* for stores from registers (`direct`): the tensor maps' matrices */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/*  The epilogue of a 64 x N fragment in place over the warpgroup's tile (GELU's forward takes its
+/*  The epilogue of a 64 x 128 fragment in place over the warpgroup's tile (GELU's forward takes its
     values in registers first, then writes them as a plain product's). Thread (warp w, lane l)
-    holds, for j in 0..N/8 - 1, columns 8j + 2(l % 4) and the next, in row 16w + l / 4 (values 4j, 4j + 1)
-    and 8 rows below (4j + 2, 4j + 3). The tile lies as the tensor memory accelerator's boxes of
+    holds, for j in 0..15, columns 8j + 2(l % 4) and the next, in row 16w + l / 4 (values 4j, 4j + 1)
+    and 8 rows below (4j + 2, 4j + 3). The tile lies as the tensor memory accelerator's two boxes of
     64 columns, 128 bytes a row, with 16-byte chunk c of row r at chunk c ^ (r % 8): the 8 rows a
     warp touches at once fall on distinct chunks, so its 32 accesses take the 32 banks once each.
-    A row's aux is read 16 pairs at a time (N = 128: the whole row; 192: half, as 24 would spill)
-    before their results are written: the compiler cannot tell a result's address from the next
-    aux's, so a load after each store would wait out its latency once a pair. */
-/** Where, from the start of its row's piece in the tile, pair `j` of a lane's row lies: box j / 8, chunk swizzled. */
-__device__ __forceinline__ int swizzled(int j, int lane) { return (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16); }
-
-template <uform_hopper_epilogue_t epilogue, int held>
-__device__ __forceinline__ void finish(float const (&sums)[held], uint8_t* tile, int row0) {
-    constexpr int chunks = held / 4, run = chunks > 16 ? chunks / 2 : chunks; /* the row's pairs; those read at once */
+    A row's aux is read whole before its first result is written: the compiler cannot tell a result's
+    address from the next aux's, so a load after each store would wait out its latency 64 times a tile. */
+template <uform_hopper_epilogue_t epilogue>
+__device__ __forceinline__ void finish(float const (&sums)[64], uint8_t* tile, int row0) {
     int const lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
 #pragma unroll
     for (int below = 0; below != 2; ++below) {
         uint8_t* row = tile + (row0 + warp * 16 + lane / 4 + 8 * below) * 128 + 4 * (lane % 4);
         auto at = [&](int j) {
-            return (__nv_bfloat162*)(row + swizzled(j, lane));
+            return (__nv_bfloat162*)(row + (j / 8) * half_bytes + (((j % 8) ^ (lane / 4)) * 16));
         };
+        __nv_bfloat162 aux[16];
+        if (epilogue == uform_hopper_gelu_backward_k)
 #pragma unroll
-        for (int first = 0; first != chunks; first += run) {
-            __nv_bfloat162 aux[run];
-            if (epilogue == uform_hopper_gelu_backward_k)
+            for (int j = 0; j != 16; ++j) aux[j] = *at(j);
 #pragma unroll
-                for (int j = 0; j != run; ++j) aux[j] = *at(first + j);
-#pragma unroll
-            for (int j = first; j != first + run; ++j) {
-                float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
-                if (epilogue == uform_hopper_gelu_backward_k) {
-                    float2 up = __bfloat1622float2(aux[j - first]);
-                    x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
-                }
-                *at(j) = __floats2bfloat162_rn(x.x, x.y);
+        for (int j = 0; j != 16; ++j) {
+            float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
+            if (epilogue == uform_hopper_gelu_backward_k) {
+                float2 up = __bfloat1622float2(aux[j]);
+                x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
             }
-        }
-    }
-}
-
-/*  Lane q of each quad holds pair q of four 16-byte chunks, c = 0..3, in `pairs[c]`; afterwards it
-    holds all four pairs of chunk q, in order. Two exchanges, each swapping one bit of the lane's
-    number with the same bit of the chunk's, make a 4 x 4 transpose of 4-byte pieces. */
-__device__ __forceinline__ void gather_chunk(uint32_t (&pairs)[4], int q) {
-    uint32_t x = __shfl_xor_sync(0xFFFFFFFFu, q & 1 ? pairs[0] : pairs[1], 1);
-    uint32_t y = __shfl_xor_sync(0xFFFFFFFFu, q & 1 ? pairs[2] : pairs[3], 1);
-    if (q & 1) pairs[0] = x, pairs[2] = y;
-    else pairs[1] = x, pairs[3] = y;
-    x = __shfl_xor_sync(0xFFFFFFFFu, q & 2 ? pairs[0] : pairs[2], 2);
-    y = __shfl_xor_sync(0xFFFFFFFFu, q & 2 ? pairs[1] : pairs[3], 2);
-    if (q & 2) pairs[0] = x, pairs[1] = y;
-    else pairs[2] = x, pairs[3] = y;
-}
-
-__device__ __forceinline__ uint32_t packed(float2 x) {
-    __nv_bfloat162 pair = __floats2bfloat162_rn(x.x, x.y);
-    return *(uint32_t*)&pair;
-}
-
-__device__ __forceinline__ void store_chunk(__nv_bfloat16* at, uint32_t const (&pairs)[4]) {
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(pairs[0]), "r"(pairs[1]), "r"(pairs[2]),
-                 "r"(pairs[3]));
-}
-
-/*  The epilogue of a 64 x N fragment (rows `row0` on of the warpgroup's tile, which starts at row `row`,
-    column `column` of d) stored from registers: each quad of lanes swaps its pairs (`gather_chunk`) so
-    that every lane stores 16 contiguous bytes, and a warp's store covers 8 rows of 64 bytes. The
-    tile in shared memory is only read, for the gradient's aux. GELU's forward stores the sums to aux
-    and their GELU to d. */
-template <uform_hopper_epilogue_t epilogue, int held>
-__device__ __forceinline__ void finish_direct(float const (&sums)[held], uint8_t const* tile, int row0,
-                                              arguments_t const& args, int row, int column) {
-    int const lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, q = lane % 4;
-#pragma unroll
-    for (int below = 0; below != 2; ++below) {
-        int const r = row0 + warp * 16 + lane / 4 + 8 * below;
-        uint8_t const* aux_row = tile + r * 128 + 4 * q;
-        bool const inside = row + r < args.m;
-        size_t const offset = (size_t)(row + r) * args.n;
-#pragma unroll
-        for (int first = 0; first != held / 4; first += 4) { /* four chunks: one a lane once gathered */
-            uint32_t values[4], sums_kept[4];
-#pragma unroll
-            for (int c = 0; c != 4; ++c) {
-                int const j = first + c;
-                float2 x = make_float2(sums[4 * j + 2 * below], sums[4 * j + 2 * below + 1]);
-                if (epilogue == uform_hopper_gelu_backward_k) {
-                    float2 up = __bfloat1622float2(*(__nv_bfloat162 const*)(aux_row + swizzled(j, lane)));
-                    x.x *= gelu_slope(up.x), x.y *= gelu_slope(up.y);
-                }
-                if (epilogue == uform_hopper_gelu_k) sums_kept[c] = packed(x), x = make_float2(gelu(x.x), gelu(x.y));
-                values[c] = packed(x);
-            }
-            gather_chunk(values, q);
-            int const at = column + 8 * (first + q);
-            if (inside && at < args.n) store_chunk(args.d + offset + at, values);
-            if (epilogue == uform_hopper_gelu_k) {
-                gather_chunk(sums_kept, q);
-                if (inside && at < args.n) store_chunk(args.aux + offset + at, sums_kept);
-            }
+            *at(j) = __floats2bfloat162_rn(x.x, x.y);
         }
     }
 }
@@ -303,22 +202,19 @@ __device__ __forceinline__ void finish_direct(float const (&sums)[held], uint8_t
     the ring's (i * slices + s)-th entry. A warpgroup starts waiting for its tile's slices only once
     the other has received all of the previous tile's: a stage's barrier tells one pass round the
     ring from the next by parity alone, so no waiter may be two passes ahead of the loads. */
-template <uform_hopper_epilogue_t epilogue, int tile_n, bool direct>
+template <uform_hopper_epilogue_t epilogue>
 __global__ void __launch_bounds__(threads, 1)
     product(__grid_constant__ CUtensorMap const a_map, __grid_constant__ CUtensorMap const b_map,
             __grid_constant__ CUtensorMap const d_map, __grid_constant__ CUtensorMap const aux_map, arguments_t args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using wide = wide_t<tile_n>;
-    constexpr int stages = wide::stages, boxes = wide::boxes;
-    constexpr unsigned b_bytes = wide::b_bytes;
     extern __shared__ uint8_t raw[];
     /* The swizzle needs 1 KiB alignment. Offsetting the pointer itself, not an integer made of it, keeps
        the compiler knowing it is shared memory, so the epilogue's accesses stay `ld.shared`/`st.shared`. */
     uint8_t* base = raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
     uint8_t* a_stages = base;
     uint8_t* b_stages = base + stages * tile_bytes;
-    uint8_t* outputs = b_stages + stages * b_bytes; /* each warpgroup's output tile */
-    uint64_t* full = (uint64_t*)(outputs + 2 * boxes * half_bytes);
+    uint8_t* outputs = base + 2 * stages * tile_bytes; /* each warpgroup's output tile */
+    uint64_t* full = (uint64_t*)(outputs + 2 * 2 * half_bytes);
     uint64_t* empty = full + stages;
     uint64_t* order = empty + stages;    /* order[g]: warpgroup g may start its next tile's products */
     uint64_t* aux_full = order + 2;      /* aux_full[g]: g's tile holds its aux */
@@ -346,18 +242,18 @@ __global__ void __launch_bounds__(threads, 1)
             for (int slice = 0; slice != slices; ++slice, ++entry) {
                 int stage = entry % stages;
                 barrier_wait(&empty[stage], ((entry / stages) & 1) ^ 1);
-                barrier_expect(&full[stage], tile_bytes + b_bytes);
+                barrier_expect(&full[stage], 2 * tile_bytes);
                 load_box(a_stages + stage * tile_bytes, &a_map, &full[stage], slice * tile_k, row);
-                load_box(b_stages + stage * b_bytes, &b_map, &full[stage], slice * tile_k, column);
+                load_box(b_stages + stage * tile_bytes, &b_map, &full[stage], slice * tile_k, column);
             }
             /* After the tile's slices, so the ring never waits on an epilogue; the aux lands while they multiply. */
             if (has_aux) {
                 int g = turn % 2;
-                uint8_t* output = outputs + g * boxes * half_bytes;
+                uint8_t* output = outputs + g * 2 * half_bytes;
                 barrier_wait(&aux_empty[g], ((turn / 2) & 1) ^ 1);
-                barrier_expect(&aux_full[g], boxes * half_bytes);
-                for (int box = 0; box != boxes; ++box)
-                    load_box(output + box * half_bytes, &aux_map, &aux_full[g], column + 64 * box, row);
+                barrier_expect(&aux_full[g], 2 * half_bytes);
+                load_box(output, &aux_map, &aux_full[g], column, row);
+                load_box(output + half_bytes, &aux_map, &aux_full[g], column + 64, row);
             }
         }
         return;
@@ -365,7 +261,7 @@ __global__ void __launch_bounds__(threads, 1)
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     int const group = threadIdx.x / consumers, lane = threadIdx.x % 32;
-    float upper[wide::held], lower[wide::held]; /* the tile's rows 0-63 and 64-127 */
+    float upper[64], lower[64]; /* the tile's rows 0-63 and 64-127 */
     unsigned turn = group;      /* the block's tile sequence number */
     for (int tile = blockIdx.x + group * gridDim.x; tile < tiles; tile += 2 * gridDim.x, turn += 2) {
         int row0 = (tile / columns_of_tiles) * tile_m, column0 = (tile % columns_of_tiles) * tile_n;
@@ -378,7 +274,7 @@ __global__ void __launch_bounds__(threads, 1)
             pin(upper), pin(lower);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
             uint8_t const* a_tile = a_stages + stage * tile_bytes;
-            uint8_t const* b_tile = b_stages + stage * b_bytes;
+            uint8_t const* b_tile = b_stages + stage * tile_bytes;
 #pragma unroll
             for (int step = 0; step != tile_k / 16; ++step) { /* 16 columns of k are 32 bytes along a row */
                 int accumulate = slice > 0 || step > 0;
@@ -396,24 +292,14 @@ __global__ void __launch_bounds__(threads, 1)
         pin(upper), pin(lower);
         if (released >= 0 && lane == 0) barrier_arrive(&empty[released]);
 
-        uint8_t* output = outputs + group * boxes * half_bytes;
+        uint8_t* output = outputs + group * 2 * half_bytes;
         bool const leader = threadIdx.x % consumers == 0; /* issues the stores and waits for their reads */
-        if (direct) {
-            if (has_aux) barrier_wait(&aux_full[group], (turn / 2) & 1);
-            finish_direct<epilogue>(upper, output, 0, args, row0, column0);
-            finish_direct<epilogue>(lower, output, 64, args, row0, column0);
-            if (has_aux) {
-                group_sync(group); /* every thread has read the aux */
-                if (leader) barrier_arrive(&aux_empty[group]);
-            }
-            continue;
-        }
         auto store = [&](CUtensorMap const* map) { /* the leader then waits for the copy to read the tile */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the writes, seen by the store's copy */
             group_sync(group);
             if (!leader) return;
-            for (int box = 0; box != boxes && column0 + 64 * box < args.n; ++box)
-                store_box(map, output + box * half_bytes, column0 + 64 * box, row0);
+            store_box(map, output, column0, row0);
+            if (column0 + 64 < args.n) store_box(map, output + half_bytes, column0 + 64, row0);
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         };
         auto stored = [&] { if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); };
@@ -427,7 +313,7 @@ __global__ void __launch_bounds__(threads, 1)
             finish<uform_hopper_plain_k>(lower, output, 64);
             store(&aux_map);
 #pragma unroll
-            for (int i = 0; i != wide::held; ++i) upper[i] = gelu(upper[i]), lower[i] = gelu(lower[i]);
+            for (int i = 0; i != 64; ++i) upper[i] = gelu(upper[i]), lower[i] = gelu(lower[i]);
             stored();
             group_sync(group);
             finish<uform_hopper_plain_k>(upper, output, 0);
@@ -477,8 +363,7 @@ static inline bool uform_hopper_ready(int ordinal) {
 static inline bool uform_hopper_fits(size_t m, size_t n, size_t k) {
     if (!n || !k || n % 8 || k % 8 || m >= (1u << 30) || n >= (1u << 30) || k >= (1u << 21)) return false;
     using namespace uform_hopper;
-    size_t columns_of_tiles = (n + 127) / 128; /* at either width, at most this many */
-    return ((m + tile_m - 1) / tile_m) * columns_of_tiles * ((k + tile_k - 1) / tile_k) < (1u << 31);
+    return ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n) * ((k + tile_k - 1) / tile_k) < (1u << 31);
 }
 
 /** Whether every operand starts on 16 bytes, as the tensor maps and the epilogue's vectors need. */
@@ -498,20 +383,18 @@ static inline bool uform_hopper_map(uform_hopper_encoder_t encode, CUtensorMap* 
 }
 
 /** Launches d = epilogue(a x b^T) on `stream`; a is (m, k), b is (n, k), d and aux (m, n), all row-major; aux is
- *  written by `gelu`, read by `gelu_backward`. `tile_n`: a tile's columns, 128 or 192; `direct`: results stored from
- *  registers, not through shared memory and the tensor memory accelerator. `dependent`: let the blocks
- *  be scheduled while the kernel before it drains (programmatic dependent launch); they wait for it before touching
- *  memory. The caller checks `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse.
- *  A template, so that only a file that calls it compiles its twelve kernels (the attention includes this header). */
+ *  written by `gelu`, read by `gelu_backward`. `dependent`: let the blocks be scheduled while the kernel before it
+ *  drains (programmatic dependent launch); they wait for it before touching memory. The caller checks
+ *  `uform_hopper_fits` and `uform_hopper_aligned` first; this refuses what they refuse. A template, so that only a
+ *  file that calls it compiles its three kernels (the attention includes this header). */
 template <int = 0>
 static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
-                                               bool dependent, int tile_n, bool direct, uform_hopper_epilogue_t epilogue,
-                                               __nv_bfloat16* d, __nv_bfloat16* aux, __nv_bfloat16 const* a,
+                                               bool dependent, uform_hopper_epilogue_t epilogue, __nv_bfloat16* d,
+                                               __nv_bfloat16* aux, __nv_bfloat16 const* a,
                                                __nv_bfloat16 const* b, size_t m, size_t n, size_t k) {
     using namespace uform_hopper;
-    static_assert(tile_k == 64, "slices are 64 columns: 128 bytes, the swizzle's span");
+    static_assert(tile_k == 64 && tile_n == 2 * 64, "boxes are 64 columns: 128 bytes, the swizzle's span");
     if (!m) return cudaSuccess;
-    if (tile_n != 128 && tile_n != 192) return cudaErrorInvalidValue;
     if (!uform_hopper_fits(m, n, k) || !uform_hopper_aligned(a, b, d, aux)) return cudaErrorInvalidValue;
     if (epilogue != uform_hopper_plain_k && !aux) return cudaErrorInvalidValue;
     CUtensorMap a_map, b_map, d_map, aux_map;
@@ -519,19 +402,14 @@ static inline cudaError_t uform_hopper_product(uform_hopper_encoder_t encode, in
         !uform_hopper_map(encode, &d_map, d, m, n, tile_m) ||
         !uform_hopper_map(encode, &aux_map, aux ? aux : d, m, n, tile_m))
         return cudaErrorInvalidValue;
-    arguments_t args = {(int)m, (int)n, (int)k, d, aux};
+    arguments_t args = {(int)m, (int)n, (int)k};
     size_t tiles = ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
     size_t pairs = (tiles + 1) / 2; /* a block's two warpgroups take a tile each at a time */
     unsigned blocks = (unsigned)(pairs < (size_t)multiprocessors ? pairs : (size_t)multiprocessors);
-    typedef void (*kernel_t)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, arguments_t);
-#define UFORM_KERNELS(tile_n, direct)                                                                                  \
-    {product<uform_hopper_plain_k, tile_n, direct>, product<uform_hopper_gelu_k, tile_n, direct>,                       \
-     product<uform_hopper_gelu_backward_k, tile_n, direct>}
-    kernel_t const kernels[2][2][3] = {{UFORM_KERNELS(128, false), UFORM_KERNELS(128, true)},
-                                       {UFORM_KERNELS(192, false), UFORM_KERNELS(192, true)}};
-#undef UFORM_KERNELS
-    kernel_t kernel = kernels[tile_n == 192][direct][epilogue];
-    size_t const shared_bytes = tile_n == 192 ? wide_t<192>::shared_bytes : wide_t<128>::shared_bytes;
+    void (*kernel)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, arguments_t) =
+        epilogue == uform_hopper_plain_k ? product<uform_hopper_plain_k>
+        : epilogue == uform_hopper_gelu_k ? product<uform_hopper_gelu_k>
+                                          : product<uform_hopper_gelu_backward_k>;
     cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
     if (error != cudaSuccess) return error;
     cudaLaunchAttribute overlap;
