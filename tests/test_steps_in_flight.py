@@ -108,25 +108,6 @@ def test_deferred_steps_in_flight_train_bit_for_bit_as_blocking_ones(rng, execut
         assert overlapped == 0, "the CPU runs a step whole: nothing to overlap"
 
 
-@pytest.mark.skipif(not testing.available("vram"), reason="no CUDA backend in this build or no GPU")
-def test_steps_recorded_as_graphs_train_bit_for_bit_as_steps_launched_kernel_by_kernel(rng, monkeypatch):
-    """`UFORM_STEP_GRAPH=1` records each step's passes and update and launches them as one graph. Poisoned batches
-    make steps queued on a wrong guess recorded again, in the same flight, while the first recording may still run."""
-    plan = [False, True, True, False, False, True, False, False, False, False]
-    batches = [batch(rng, poisoned) for poisoned in plan]
-    with uform.Executor.for_vram() as gpu:
-        with init(gpu, "vram") as launched:
-            want = [d.wait() for d in [launched.deferred().step(b) for b in batches]]
-            weights = launched._weights()
-        monkeypatch.setenv("UFORM_STEP_GRAPH", "1")
-        with init(gpu, "vram") as recorded:
-            have = [d.wait() for d in [recorded.deferred().step(b) for b in batches]]
-            assert [s.stats.skipped for s in have] == [s.stats.skipped for s in want]
-            for h, w in zip(have, want):
-                same_stats(h.stats, w.stats)
-            assert recorded._weights().tobytes() == weights.tobytes()
-
-
 def test_embeddings_of_a_step_in_flight_land_as_a_blocking_steps_do(rng, executor, backend):
     batches = [batch(rng) for _ in range(4)]
     with init(executor, backend) as one_by_one, init(executor, backend) as in_flight:

@@ -211,13 +211,6 @@ typedef uform_status_t (*uform_fence_t)(void* context, unsigned slot);
 typedef uform_status_t (*uform_zero_t)(void* context, void* destination, size_t bytes);
 /** float32 (count) to activations (count): the compute copy of freshly loaded weights. */
 typedef uform_status_t (*uform_convert_t)(void* context, void* activations, float const* source, size_t count);
-/** Optional, with fences: what is queued between `record_begin` and `record_end` is recorded rather than run, then
- *  launched whole at `record_end` (a CUDA graph: one launch for a step's hundreds of kernels). `record_begin` sets
- *  `*recording` to 0 where it records nothing (the operations then run as they are queued, and `record_end` is
- *  not called). `slot` is the step's flight; `keep` 0, after a failed operation, discards the recording and
- *  launches nothing. */
-typedef uform_status_t (*uform_record_begin_t)(void* context, int* recording);
-typedef uform_status_t (*uform_record_end_t)(void* context, unsigned slot, int keep);
 
 /* ---------------------------------------------------------------------------------------------- */
 /*  Operations: shapes are named where used: `tokens` rows of the packed stream, `hidden` wide.   */
@@ -416,8 +409,6 @@ typedef struct uform_backend_t {
     uform_patch_loss_t patch_loss;
     uform_sum_squares_t sum_squares;
     uform_adamw_t adamw;
-    uform_record_begin_t record_begin; /* optional, with `record_end` */
-    uform_record_end_t record_end;
 } uform_backend_t;
 
 /** The CPU reference backend, always built in. */

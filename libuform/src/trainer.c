@@ -473,7 +473,6 @@ static uform_status_t uform_trainer_queue(uform_trainer_s* trainer, uform_flight
     float rate = uform_schedule_rate(&config->given.schedule, next);
     unsigned slot = (unsigned)(flight - trainer->flights);
     void* context = replica->context;
-    int recorded = 0; /* the passes and the update queued as one recording (`uform_record_begin_t`) */
     if (spread) {
         prepared = uform_seconds();
         status = uform_spread_gradients(spread, layout, config, error);
@@ -481,8 +480,6 @@ static uform_status_t uform_trainer_queue(uform_trainer_s* trainer, uform_flight
         status = uform_model_upload(replica, &trainer->packed, 1);
         if (status == uform_status_success_k && trainer->fenced) status = backend->fence(context, 2 * slot);
         prepared = uform_seconds();
-        if (status == uform_status_success_k && trainer->fenced && backend->record_begin)
-            status = backend->record_begin(context, &recorded);
         if (status == uform_status_success_k) status = uform_model_gradients(replica, layout, config, &trainer->packed);
     }
     /* A step that scores nothing changes nothing, like a poisoned one: the update is not even queued. Every device
@@ -512,11 +509,6 @@ static uform_status_t uform_trainer_queue(uform_trainer_s* trainer, uform_flight
     if (trainer->fenced) { /* a step queued behind this one reads its verdict: none queued is a skip */
         if (status == uform_status_success_k && update && !updating)
             status = backend->zero(context, replica->verdicts + slot, sizeof(int32_t));
-        if (recorded) { /* launched now: until then the device had nothing of this step's to run */
-            uform_status_t launched = backend->record_end(context, slot, status == uform_status_success_k);
-            status = status == uform_status_success_k ? launched : status;
-            prepared = uform_seconds();
-        }
         if (status == uform_status_success_k)
             status = backend->fetch(context, &trainer->reads[slot], replica->scalars,
                                     sizeof(double) * uform_scalars_k + 2 * layout->temperature_groups * sizeof(float));

@@ -236,10 +236,6 @@ size_t uform_vram_statistics_floats(uform_plan_t const* plan) {
     return padded > packed ? padded : packed;
 }
 
-bool uform_vram_attention_recordable(uform_vram_context_t const* context) {
-    return ((uform_vram_attention_t const*)context->attention)->hopper != nullptr;
-}
-
 uform_status_t uform_vram_attention_open(uform_vram_context_t* context) {
     uform_vram_attention_t* state = new (std::nothrow) uform_vram_attention_t();
     if (!state) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for cuDNN's attention state");

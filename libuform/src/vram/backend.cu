@@ -58,10 +58,6 @@ void uform_vram_context_destroy(void* context_) {
     if (!context) return;
     cudaSetDevice(context->ordinal);
     if (context->stream) cudaStreamSynchronize(context->stream);
-    for (int slot = 0; slot != uform_fences_k / 2; ++slot) {
-        if (context->recorded[slot]) cudaGraphExecDestroy(context->recorded[slot]);
-        if (context->launched[slot]) cudaEventDestroy(context->launched[slot]);
-    }
     uform_vram_attention_close(context);
     uform_vram_matmul_close(context);
     if (context->scratch[0]) cudaFree(context->scratch[0]); /* one allocation behind every region */
@@ -79,15 +75,10 @@ uform_status_t uform_vram_context_create(void* device_, uform_plan_t const* plan
     if (!context) return uform_vram_fail(NULL, uform_status_out_of_memory_k, "no memory for a VRAM context");
     context->ordinal = device->ordinal, context->multiprocessors = device->multiprocessors;
     context->plan = *plan;
-    char const* graphs = std::getenv("UFORM_STEP_GRAPH"); /* a trial, to time against plain launches */
-    context->records = graphs && !std::strcmp(graphs, "1");
     status = uform_vram_check(cudaStreamCreateWithFlags(&context->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     for (int slot = 0; slot != uform_fences_k && status == uform_status_success_k; ++slot)
         status = uform_vram_check(cudaEventCreateWithFlags(&context->fences[slot], cudaEventDisableTiming),
                                   "cudaEventCreate (fence)");
-    for (int slot = 0; slot != uform_fences_k / 2 && context->records && status == uform_status_success_k; ++slot)
-        status = uform_vram_check(cudaEventCreateWithFlags(&context->launched[slot], cudaEventDisableTiming),
-                                  "cudaEventCreate (a recording's launch)");
     /* Each region starts on a 256-byte boundary, as cuBLASLt and vector loads want. */
     size_t (*sizes[uform_vram_scratch_count_k])(uform_plan_t const*) = {
         uform_vram_blas_scratch,   uform_vram_attention_scratch,   uform_vram_rmsnorm_scratch,
@@ -109,68 +100,12 @@ uform_status_t uform_vram_context_create(void* device_, uform_plan_t const* plan
     status = uform_vram_matmul_open(context);
     if (status == uform_status_success_k) status = uform_vram_attention_open(context);
     if (status == uform_status_success_k && plan->layout) status = uform_vram_adamw_plan(context);
-    context->records = context->records && status == uform_status_success_k && uform_vram_attention_recordable(context);
     if (status != uform_status_success_k) {
         uform_vram_context_destroy(context);
         return status;
     }
     *made = context;
     return uform_status_success_k;
-}
-
-uform_status_t uform_vram_record_begin(void* context_, int* recording) {
-    uform_vram_context_t* context = uform_vram(context_);
-    *recording = 0;
-    if (!context->records) return uform_status_success_k;
-    uform_status_t status = uform_vram_check(cudaStreamBeginCapture(context->stream, cudaStreamCaptureModeThreadLocal),
-                                             "cudaStreamBeginCapture");
-    *recording = context->recording = status == uform_status_success_k;
-    return status;
-}
-
-/*  The recording replaces the flight's last one in place where only the kernels' arguments changed (the same step
-    shape), which costs the host far less than making it anew; where it cannot, the old one goes. Either waits for
-    that one's last launch to have run: a step run again (behind a skipped one) may follow its own first launch. */
-uform_status_t uform_vram_record_end(void* context_, unsigned slot, int keep) {
-    uform_vram_context_t* context = uform_vram(context_);
-    if (!context->recording) return uform_status_success_k;
-    context->recording = false;
-    cudaGraph_t graph = nullptr;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cudaError_t spoiled = cudaStreamIsCapturing(context->stream, &capturing);
-    cudaError_t error = cudaStreamEndCapture(context->stream, &graph);
-    if (!keep || error != cudaSuccess) {
-        if (graph) cudaGraphDestroy(graph);
-        (void)cudaGetLastError();
-        if (!keep) return uform_status_success_k;
-        /* An operation the recording refused (whose own status may have gone unread) spoils it: say so. */
-        if (spoiled == cudaSuccess && capturing == cudaStreamCaptureStatusInvalidated)
-            return uform_vram_fail(NULL, uform_status_device_k,
-                                   "a step's recording as a CUDA graph was spoiled by an operation a recording does "
-                                   "not allow (UFORM_STEP_GRAPH=1): %s", cudaGetErrorString(error));
-        return uform_vram_check(error, "cudaStreamEndCapture");
-    }
-    slot %= uform_fences_k / 2;
-    cudaGraphExec_t& recorded = context->recorded[slot];
-    if (recorded && (error = cudaEventSynchronize(context->launched[slot])) != cudaSuccess) {
-        cudaGraphDestroy(graph);
-        return uform_vram_check(error, "a queued GPU operation");
-    }
-    if (recorded) {
-        cudaGraphExecUpdateResultInfo result;
-        if (cudaGraphExecUpdate(recorded, graph, &result) != cudaSuccess) {
-            (void)cudaGetLastError();
-            cudaGraphExecDestroy(recorded);
-            recorded = nullptr;
-        }
-    }
-    if (!recorded && (error = cudaGraphInstantiate(&recorded, graph, 0)) != cudaSuccess) recorded = nullptr;
-    cudaGraphDestroy(graph);
-    uform_status_t status = uform_vram_check(error, "cudaGraphInstantiate");
-    if (status == uform_status_success_k) status = uform_vram_check(cudaGraphLaunch(recorded, context->stream), "cudaGraphLaunch");
-    if (status == uform_status_success_k)
-        status = uform_vram_check(cudaEventRecord(context->launched[slot], context->stream), "cudaEventRecord (launch)");
-    return status;
 }
 
 uform_status_t uform_vram_synchronize(void* context) {
@@ -303,8 +238,6 @@ uform_backend_t const uform_vram_backend = {
     uform_vram_patch_loss,
     uform_vram_sum_squares,
     uform_vram_adamw,
-    uform_vram_record_begin,
-    uform_vram_record_end,
 };
 
 } // namespace

@@ -52,13 +52,6 @@ typedef struct uform_vram_context_t {
     uform_plan_t plan;
     void* scratch[uform_vram_scratch_count_k];
     size_t scratch_bytes[uform_vram_scratch_count_k];
-    bool records;                                  /* steps queued as graphs (`UFORM_STEP_GRAPH=1`) */
-    int attention_ring;                            /* the own attention forward's stages (`UFORM_ATTENTION_RING`) */
-    bool attention_full_blocks;                    /* its unmasked full blocks (`UFORM_ATTENTION_FULL_BLOCKS`) */
-    bool attention_overlapped;                     /* its forward's softmax beside products (`UFORM_ATTENTION_OVERLAP`) */
-    bool recording;                                /* between `record_begin` and `record_end` */
-    cudaGraphExec_t recorded[uform_fences_k / 2];  /* each flight's last step, updated in place when it can be */
-    cudaEvent_t launched[uform_fences_k / 2];      /* recorded after each one's launch: it may change once passed */
 } uform_vram_context_t;
 
 /* Every operation file says how much scratch it plans for; backend.cu takes it all at once. */
@@ -76,7 +69,6 @@ void uform_vram_matmul_close(uform_vram_context_t* context);
 uform_status_t uform_vram_attention_open(uform_vram_context_t* context);
 /** Whether a step's attention can be recorded as part of a graph: the own kernels can; cuDNN's plans its graphs and
  *  sizes its workspace (a synchronize and an allocation) on first meeting a shape of items, which a recording refuses. */
-bool uform_vram_attention_recordable(uform_vram_context_t const* context);
 /** Lays out `items` for cuDNN: lengths (count), and offsets (count + 1) of their qkv and output rows. */
 uform_status_t uform_vram_attention_items(uform_vram_context_t* context, int32_t* lengths, int64_t* ragged_qkv,
                                          int64_t* ragged_o, uform_items_t const* items, size_t hidden);
