@@ -7,7 +7,7 @@
     UFORM_HOPPER_ATTENTION=0 python bench/gpu.py --geometry 12 512 64 512  # cuDNN's attention on Hopper too
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile  # and each kernel's share
     python bench/gpu.py --geometry 12 512 64 512 --no-peer --profile --timeline step.txt  # and one step's kernels
-    python bench/gpu.py --geometry 12 512 64 512 --no-peer --trial UFORM_HOPPER_TILE=192 --rounds 2
+    python bench/gpu.py --geometry 12 512 64 512 --no-peer --trial UFORM_HOPPER_PRODUCTS=0 --rounds 2
                                              # as it is, then with that setting, twice over: an A/B in one process
 
 For each geometry it trains the joint objective as the peer does: `rows` items of `cols` random
@@ -21,8 +21,7 @@ the GPU can start: `stats.host_seconds` over the step's time), and
 device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
 ratio of uform to the compiled peer. `torch` must be installed; the peer's modes are eager and
 compiled. A `--trial` runs uform again with its environment variables set (those the library reads
-as an executor opens: `UFORM_HOPPER_PRODUCTS`, `_TILE`, `_STORES`, `_ATTENTION`, `UFORM_ATTENTION_RING`,
-`_FULL_BLOCKS`, `_OVERLAP`, `UFORM_BLAS_WHOLE`, `UFORM_STEP_GRAPH`, `UFORM_DEPENDENT_LAUNCHES`), its JSON line
+as an executor opens: `UFORM_HOPPER_PRODUCTS`, `UFORM_HOPPER_ATTENTION`, `UFORM_DEPENDENT_LAUNCHES`), its JSON line
 naming it, after a run as it is.
 """
 import argparse
