@@ -21,8 +21,8 @@ the GPU can start: `stats.host_seconds` over the step's time), and
 device memory (uform: the free memory its trainer took; the peer: PyTorch's peak), then the
 ratio of uform to the compiled peer. `torch` must be installed; the peer's modes are eager and
 compiled. A `--trial` runs uform again with its environment variables set (those the library reads
-as an executor opens: `UFORM_HOPPER_PRODUCTS`, `UFORM_HOPPER_ATTENTION`, `UFORM_DEPENDENT_LAUNCHES`), its JSON line
-naming it, after a run as it is.
+as an executor opens: `UFORM_HOPPER_PRODUCTS`, `UFORM_HOPPER_ATTENTION`, `UFORM_ATTENTION_TURNS`,
+`UFORM_DEPENDENT_LAUNCHES`), its JSON line naming it, after a run as it is.
 """
 import argparse
 import collections

@@ -211,6 +211,17 @@ def test_attention(rng, attention, lengths):
     assert np.array_equal(again, gpu_d)  # the deterministic backward
 
 
+def test_attention_forward_without_turns_gives_the_same_bits(rng, monkeypatch):
+    """UFORM_ATTENTION_TURNS=0 (a trial) has the own forward's two warpgroups issue their products without taking
+    turns: each still sums its own rows in the same order."""
+    lengths = [512] * 6 + [1, 300, 129]
+    segments = list(zip(np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths))
+    qkv = act(rng, sum(lengths), 3 * 256, scale=1.5)
+    in_turns = testing.attention_forward(qkv, segments, backend="vram")
+    monkeypatch.setenv("UFORM_ATTENTION_TURNS", "0")
+    assert all(np.array_equal(a, b) for a, b in zip(testing.attention_forward(qkv, segments, backend="vram"), in_turns))
+
+
 def test_attention_backward_turns_text_image_and_video_gradients_back(rng, attention):
     """Given the positions that turned q and k, the backward pass gives the gradient before the turn (the own kernels
     turn d q and d k back as they write them): items of text, image patches and video tubelets, against the CPU."""

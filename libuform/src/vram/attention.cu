@@ -59,6 +59,9 @@ void* uform_vram_hopper_attention(uform_vram_context_t* context) {
     /* UFORM_HOPPER_ATTENTION=0 keeps cuDNN's on Hopper too: to compare the two. */
     char const* wanted = getenv("UFORM_HOPPER_ATTENTION");
     if (!uform_hopper_ready(context->ordinal) || (wanted && !strcmp(wanted, "0"))) return nullptr;
+    /* UFORM_ATTENTION_TURNS=0 has the forward's warpgroups issue their products without taking turns: to compare. */
+    char const* turns = getenv("UFORM_ATTENTION_TURNS");
+    context->attention_turns = !(turns && !strcmp(turns, "0"));
     /* The counter starts at zero, and every launch leaves it so. */
     if (cudaMemsetAsync(uform_vram_attention_counter(context), 0, 2 * sizeof(unsigned), context->stream) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -74,7 +77,7 @@ uform_status_t uform_vram_hopper_attention_forward(uform_vram_context_t* context
                                                 uform_vram_dependent_launches, (uform_bf16_t*)out, statistics,
                                                 (uform_bf16_t const*)qkv, (uint32_t const*)items->segments,
                                                 items->count, items->longest, tokens, hidden, tokens,
-                                                uform_vram_attention_counter(context)),
+                                                uform_vram_attention_counter(context), context->attention_turns),
                             "the attention's forward pass");
 }
 

@@ -111,17 +111,17 @@ __device__ __forceinline__ void pin32(float (&d)[32]) {
 __device__ __forceinline__ void take_turn(int group) { asm volatile("bar.sync %0, 256;" ::"r"(3 + group) : "memory"); }
 __device__ __forceinline__ void pass_turn(int group) { asm volatile("bar.arrive %0, 256;" ::"r"(4 - group) : "memory"); }
 
-/** In this warpgroup's turn at the tensor cores, o += p x rows: p, 64 x 128 from registers in 8 slices of 16
- *  columns, times 128 rows of a tile in shared memory; returns with the product done. */
+/** In this warpgroup's turn at the tensor cores (or at once, without `turns`), o += p x rows: p, 64 x 128 from
+ *  registers in 8 slices of 16 columns, times 128 rows of a tile in shared memory; returns with the product done. */
 __device__ __forceinline__ void accumulate_in_turn(int group, float (&o)[32], uint32_t const (&p)[8][4],
-                                                   uint8_t const* rows) {
+                                                   uint8_t const* rows, bool turns = true) {
     pin32(o);
-    take_turn(group);
+    if (turns) take_turn(group);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int t = 0; t != 8; ++t) multiply_pv(o, p[t], descriptor(rows + t * 16 * 128));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    pass_turn(group);
+    if (turns) pass_turn(group);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     pin32(o);
 }
@@ -334,7 +334,9 @@ __device__ __forceinline__ void issue_scores(float (&s)[64], uint8_t const* q_ro
 /*  The forward pass: out and lse for 128 queries of an item and a head (resident: q), over the item's
     keys and values (streamed through the ring), the softmax kept online: each block of scores moves the
     running maximum, rescales the running sum and output, and adds its own. It takes no turns, so its
-    layout leaves their shared memory out. */
+    layout leaves their shared memory out. Without `turns` (a trial) the two warpgroups issue their products as
+    they come rather than in turns: each sums its own rows, so the same bits. */
+template <bool turns>
 __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensorMap const qkv, arguments_t args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t raw[];
@@ -353,11 +355,11 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
             uint8_t const* k_rows = l.ring + 2 * stage * box_bytes;
             float s[64], correction[2];
             barrier_wait(&l.full[stage], (entry / stages) & 1);
-            take_turn(group);
+            if (turns) take_turn(group);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
             issue_scores(s, q_rows, k_rows);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            pass_turn(group);
+            if (turns) pass_turn(group);
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
             pin(s);
             soften(s, maximum, sum, correction, j, unit.length);
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(threads, 1) forward(__grid_constant__ CUtensor
             for (int i = 0; i != 32; ++i) o[i] *= correction[i % 4 / 2];
             uint32_t p[8][4];
             pack_operand(p, s);
-            accumulate_in_turn(group, o, p, k_rows + box_bytes);
+            accumulate_in_turn(group, o, p, k_rows + box_bytes, turns);
             if (lane == 0) barrier_arrive(&l.empty[stage]);
         }
 #pragma unroll
@@ -639,11 +641,12 @@ static inline cudaError_t launch(void (*kernel)(Parameters...), dim3 shape, size
 
 /** Launches the forward pass on `stream`: out (tokens, hidden) for the items' rows and lse (heads, stride). `segments`
  *  holds `count` items as (start, length, -, -) on the device; `longest` is the longest item's length; `counter` is
- *  two words of device memory, zeros before the first launch, that every launch leaves zeros. */
+ *  two words of device memory, zeros before the first launch, that every launch leaves zeros. `turns` false: the
+ *  warpgroups issue their products without taking turns (a trial; the same bits). */
 static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int multiprocessors, cudaStream_t stream,
                                               bool dependent, __nv_bfloat16* out, float* lse, __nv_bfloat16 const* qkv,
                                               uint32_t const* segments, size_t count, size_t longest, size_t tokens,
-                                              size_t hidden, size_t stride, unsigned* counter) {
+                                              size_t hidden, size_t stride, unsigned* counter, bool turns = true) {
     using namespace uform_flash;
     uform_flash::arguments_t args = {out, nullptr, lse, nullptr, segments, counter};
     dim3 shape;
@@ -651,7 +654,8 @@ static inline cudaError_t uform_flash_forward(uform_hopper_encoder_t encode, int
     if (!plan(&args, count, longest, tokens, hidden, stride, multiprocessors, &shape)) return cudaErrorInvalidValue;
     CUtensorMap qkv_map;
     if (!uform_hopper_map(encode, &qkv_map, qkv, tokens, 3 * hidden, block_q)) return cudaErrorInvalidValue;
-    return launch(forward, shape, block_bytes(1, 0, false), stream, dependent, qkv_map, args);
+    return launch(turns ? forward<true> : forward<false>, shape, block_bytes(1, 0, false), stream, dependent, qkv_map,
+                  args);
 }
 
 /** Launches both backward passes on `stream`: d_qkv's rows of the items (other rows untouched), through delta

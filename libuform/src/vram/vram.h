@@ -52,6 +52,7 @@ typedef struct uform_vram_context_t {
     uform_plan_t plan;
     void* scratch[uform_vram_scratch_count_k];
     size_t scratch_bytes[uform_vram_scratch_count_k];
+    bool attention_turns; /* the own attention forward's warpgroups take turns (`UFORM_ATTENTION_TURNS=0`: not) */
 } uform_vram_context_t;
 
 /* Every operation file says how much scratch it plans for; backend.cu takes it all at once. */
