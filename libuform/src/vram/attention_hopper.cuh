@@ -280,7 +280,7 @@ __device__ __forceinline__ void multiply_units(arguments_t const& args, layout_t
 __device__ __forceinline__ void soften(float (&s)[64], float (&maximum)[2], float (&sum)[2], float (&correction)[2],
                                        int j, int length) {
     int const key0 = j * block_k + 2 * (threadIdx.x % 32 % 4);
-    if ((j + 1) * block_k > length) /* a block wholly within the item: nothing to mask, and ~14 % fewer instructions */
+    if ((j + 1) * block_k > length) /* the block the item ends in; the others skip ~14 % of their instructions */
 #pragma unroll
         for (int c = 0; c != 16; ++c)
 #pragma unroll
